@@ -1,0 +1,62 @@
+"""`poise` command line: train | sft | simulate | plan | sweep | report | profile.
+
+Each subcommand lives in its own module with `add_parser(subparsers)` and `run(args) -> int`;
+modules are imported only when their subcommand runs, so `poise simulate` never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from poise.errors import PoiseError
+
+# subcommand -> (module, one-line help). Plain data so grep finds every entry point.
+SUBCOMMANDS = {
+    "train": ("poise.cli.train", "run RL post-training (GRPO/PPO) from a YAML config"),
+    "sft": ("poise.cli.sft", "supervised warm start of a model on the built-in tasks"),
+    "simulate": ("poise.cli.simulate", "simulate a scenario on a virtual clock"),
+    "plan": ("poise.cli.plan", "recommend a split and say whether live resizing pays"),
+    "sweep": ("poise.cli.sweep", "sweep controller parameters over a scenario"),
+    "report": ("poise.cli.report", "draw a run directory's timeline and step times"),
+    "profile": ("poise.cli.profile", "measure the rollout engine's cost model as JSON"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="poise", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"poise: error: unknown command '{argv[0]}'; choose one of {', '.join(SUBCOMMANDS)}",
+                  file=sys.stderr)
+            return 2
+        parser.print_help()
+        return 0
+    name = argv[0]
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("poise.cli."):
+            print(f"poise: error: '{name}' is not available in this build", file=sys.stderr)
+            return 2
+        raise
+    cmd_parser = argparse.ArgumentParser(prog=f"poise {name}", description=SUBCOMMANDS[name][1])
+    module.add_parser(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except PoiseError as e:
+        print(f"poise: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("poise: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
