@@ -1,0 +1,198 @@
+"""Built-in verifiable tasks with long-tailed answer lengths, and the task mix over training.
+
+Three families (answer lengths in characters of the reference answer):
+
+- `arith`: "arith 7+12" -> "19"                      1-2 characters
+- `span`:  "span 3 9"   -> "3 4 5 6 7 8 9"            heavy-tailed (Pareto span size), up to ~50
+- `sort`:  "sort 5 2 9 1" -> "1 2 5 9"                heavy-tailed (Pareto list size), up to ~31
+
+Rewards are exact and in [0, 1]: `arith` is exact match; `span` and `sort` score the fraction of
+positions that hold the right item, divided by the longer of the two lists, so only the exact
+answer scores 1. Pure Python (no torch): the simulator and the rankers use these problems too.
+
+Prompts of step k are a pure function of (seed, phase pools, k): each phase owns a pool of
+problems drawn from its mix, iterated in epochs with a seeded shuffle per epoch, so a prompt
+recurs once per epoch (the history ranker relies on that, StreamRL §5.2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+from poise.errors import ConfigError
+
+FAMILIES = ("arith", "span", "sort")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt with its verifiable reference answer."""
+
+    uid: str  # stable id within its pool, e.g. "p0-000123"
+    family: str  # "arith" | "span" | "sort" | "dataset"
+    prompt: str
+    answer: str
+    reward_name: str  # key of REWARDS
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of training with a fixed task mix. `until_step` is exclusive; None = to the end."""
+
+    mix: dict[str, float]
+    until_step: int | None = None
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed that is a pure function of `parts` (stable across processes, unlike hash())."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _pareto_int(rng: random.Random, low: int, high: int, alpha: float) -> int:
+    """Heavy-tailed integer in [low, high]: low * U^(-1/alpha), rounded down, clipped."""
+    u = 1.0 - rng.random()  # (0, 1]
+    return min(high, int(low * u ** (-1.0 / alpha)))
+
+
+def make_problem(family: str, rng: random.Random, uid: str) -> Problem:
+    if family == "arith":
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        return Problem(uid, family, f"arith {a}+{b}", str(a + b), "exact")
+    if family == "span":
+        size = _pareto_int(rng, 2, 24, alpha=1.1)
+        start = rng.randint(0, 30)
+        answer = " ".join(str(i) for i in range(start, start + size))
+        return Problem(uid, family, f"span {start} {start + size - 1}", answer, "items")
+    if family == "sort":
+        size = _pareto_int(rng, 2, 16, alpha=1.1)
+        items = [rng.randint(0, 9) for _ in range(size)]
+        prompt = "sort " + " ".join(map(str, items))
+        return Problem(uid, family, prompt, " ".join(map(str, sorted(items))), "items")
+    raise ConfigError("data.phases[].mix", family, f"unknown task family; choose from {', '.join(FAMILIES)}")
+
+
+def reward_exact(answer: str, response: str) -> float:
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def reward_items(answer: str, response: str) -> float:
+    """Fraction of space-separated items in the right position, over the longer list."""
+    ref, got = answer.split(), response.split()
+    if not ref and not got:
+        return 1.0
+    hits = sum(1 for r, g in zip(ref, got) if r == g)
+    return hits / max(len(ref), len(got))
+
+
+REWARDS: dict[str, Callable[[str, str], float]] = {"exact": reward_exact, "items": reward_items}
+
+
+def reward(problem: Problem, response: str) -> float:
+    """The problem's reward for `response`, in [0, 1]."""
+    return REWARDS[problem.reward_name](problem.answer, response)
+
+
+def default_phases() -> tuple[Phase, ...]:
+    """The built-in mix: mostly short arithmetic with a long tail of spans and sorts."""
+    return (Phase(mix={"arith": 0.5, "span": 0.25, "sort": 0.25}),)
+
+
+def validate_phases(phases: tuple[Phase, ...], key: str = "data.phases") -> None:
+    if not phases:
+        raise ConfigError(key, [], "give at least one phase, e.g. [{mix: {arith: 1.0}}]")
+    last = 0
+    for i, phase in enumerate(phases):
+        for name, weight in phase.mix.items():
+            if name not in FAMILIES:
+                raise ConfigError(f"{key}[{i}].mix", name, f"unknown task family; choose from {', '.join(FAMILIES)}")
+            if not weight >= 0:
+                raise ConfigError(f"{key}[{i}].mix.{name}", weight, "weights must be >= 0")
+        if sum(phase.mix.values()) <= 0:
+            raise ConfigError(f"{key}[{i}].mix", dict(phase.mix), "weights must sum to more than 0")
+        is_last = i == len(phases) - 1
+        if phase.until_step is None and not is_last:
+            raise ConfigError(f"{key}[{i}].until_step", None, "only the last phase may omit until_step")
+        if phase.until_step is not None:
+            if phase.until_step <= last:
+                raise ConfigError(f"{key}[{i}].until_step", phase.until_step,
+                                  f"must be greater than the previous phase's end ({last})")
+            last = phase.until_step
+
+
+class TaskSource:
+    """Deterministic prompts per step: `prompts_for_step(k, n)` is a function of (seed, k, n)."""
+
+    def __init__(self, seed: int, phases: tuple[Phase, ...] | None = None, pool_size: int = 512):
+        self.seed = seed
+        self.phases = tuple(phases) if phases else default_phases()
+        validate_phases(self.phases)
+        if pool_size < 1:
+            raise ConfigError("data.pool_size", pool_size, "must be >= 1")
+        self.pool_size = pool_size
+        self._pools: dict[int, list[Problem]] = {}
+
+    def pool(self, phase_index: int) -> list[Problem]:
+        if phase_index not in self._pools:
+            phase = self.phases[phase_index]
+            rng = random.Random(derive_seed("pool", self.seed, phase_index))
+            names = sorted(phase.mix)
+            weights = [phase.mix[n] for n in names]
+            self._pools[phase_index] = [
+                make_problem(rng.choices(names, weights)[0], rng, f"p{phase_index}-{i:06d}")
+                for i in range(self.pool_size)
+            ]
+        return self._pools[phase_index]
+
+    def phase_of(self, step: int) -> tuple[int, int]:
+        """(phase index, first step of that phase) for `step`."""
+        start = 0
+        for i, phase in enumerate(self.phases):
+            if phase.until_step is None or step < phase.until_step:
+                return i, start
+            start = phase.until_step
+        return len(self.phases) - 1, start  # unreachable after validation
+
+    def _order(self, phase_index: int, epoch: int) -> list[int]:
+        order = list(range(self.pool_size))
+        random.Random(derive_seed("epoch", self.seed, phase_index, epoch)).shuffle(order)
+        return order
+
+    def prompts_for_step(self, step: int, n: int) -> list[Problem]:
+        phase_index, start = self.phase_of(step)
+        pool = self.pool(phase_index)
+        first = (step - start) * n
+        out = []
+        for pos in range(first, first + n):
+            epoch, offset = divmod(pos, self.pool_size)
+            out.append(pool[self._order(phase_index, epoch)[offset]])
+        return out
+
+
+class DatasetSource:
+    """Prompts from a user dataset (rows of `poise.data.dataset`), in seeded epochs like TaskSource."""
+
+    def __init__(self, seed: int, problems: list[Problem]):
+        if not problems:
+            raise ConfigError("data.dataset", "(empty)", "the dataset has no rows")
+        self.seed = seed
+        self.problems = problems
+
+    def prompts_for_step(self, step: int, n: int) -> list[Problem]:
+        size = len(self.problems)
+        out = []
+        for pos in range(step * n, step * n + n):
+            epoch, offset = divmod(pos, size)
+            order = list(range(size))
+            random.Random(derive_seed("dataset-epoch", self.seed, epoch)).shuffle(order)
+            out.append(self.problems[order[offset]])
+        return out
+
+
+__all__ = [
+    "FAMILIES", "Problem", "Phase", "TaskSource", "DatasetSource", "REWARDS", "reward",
+    "make_problem", "default_phases", "validate_phases", "derive_seed",
+]

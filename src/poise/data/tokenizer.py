@@ -1,0 +1,91 @@
+"""Tokenizers: a built-in character tokenizer, and HF tokenizers from a local directory.
+
+The character tokenizer has a fixed vocabulary (ids never depend on the data), so a
+checkpoint trained on it loads anywhere. Prompts end with a separator; the model answers
+after it and stops with EOS.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+from poise.errors import PoiseError
+
+SPECIALS = ("<pad>", "<bos>", "<eos>")
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*/=:;,.()[] \n?!'\""
+SEPARATOR = "\n"  # between prompt and answer
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class CharTokenizer:
+    """One id per character; unknown characters map to '?' rather than failing mid-run."""
+
+    name = "char"
+
+    def __init__(self) -> None:
+        self.itos = list(SPECIALS) + list(CHARS)
+        self.stoi = {ch: i for i, ch in enumerate(self.itos)}
+        self.vocab_size = len(self.itos)
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self._unknown = self.stoi["?"]
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(ch, self._unknown) for ch in text.lower()]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.itos[i] for i in ids if i >= len(SPECIALS) and i < self.vocab_size)
+
+    def save(self, directory: str | Path) -> None:
+        Path(directory, "poise_tokenizer.json").write_text(json.dumps({"type": "char", "chars": CHARS}))
+
+
+class HFTokenizer:
+    """A transformers tokenizer loaded from a local directory (never from a hub)."""
+
+    def __init__(self, directory: str | Path):
+        from transformers import AutoTokenizer
+
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise PoiseError(f"cannot load a tokenizer from '{directory}': {str(e).splitlines()[0]}") from None
+        self.name = str(directory)
+        self.vocab_size = len(self._tok)
+        if self._tok.eos_token_id is None:
+            raise PoiseError(f"tokenizer in '{directory}' has no eos token; set eos_token in its config")
+        self.eos_id = self._tok.eos_token_id
+        self.pad_id = self._tok.pad_token_id if self._tok.pad_token_id is not None else self.eos_id
+        self.bos_id = self._tok.bos_token_id if self._tok.bos_token_id is not None else self.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
+
+
+def load_tokenizer(spec: str, model_dir: str | Path | None = None) -> Tokenizer:
+    """`char` for the built-in tokenizer, `model` for the one saved beside the model, or a directory."""
+    if spec == "char":
+        return CharTokenizer()
+    if spec == "model":
+        if model_dir is not None and Path(model_dir, "poise_tokenizer.json").is_file():
+            return CharTokenizer()
+        if model_dir is None:
+            raise PoiseError("data.tokenizer 'model' needs model.path; or set data.tokenizer: char")
+        return HFTokenizer(model_dir)
+    if not Path(spec).is_dir():
+        raise PoiseError(f"tokenizer directory '{spec}' does not exist; use 'char', 'model' or a local directory")
+    return HFTokenizer(spec)

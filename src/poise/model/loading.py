@@ -1,0 +1,99 @@
+"""Build, load and save HF causal LMs. Nothing is ever downloaded: loads are local-only.
+
+The built-in tiny models use the real transformers Qwen2/Llama classes, so parameter names
+match any Qwen2/Llama checkpoint and weights move between trainer and rollout by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from poise.errors import PoiseError
+from poise.schema import check, help_field
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """A small decoder that trains on a 2-core CPU in minutes."""
+
+    arch: Literal["qwen2", "llama"] = help_field("qwen2", "transformers architecture of the tiny model")
+    hidden_size: int = help_field(128, "model width")
+    num_layers: int = help_field(2, "decoder layers")
+    num_heads: int = help_field(4, "attention heads")
+    num_kv_heads: int = help_field(2, "key/value heads (grouped-query attention)")
+    intermediate_size: int = help_field(256, "MLP width")
+    max_positions: int = help_field(256, "longest prompt + response the model supports")
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
+              f"must be a multiple of num_heads ({self.num_heads})")
+        check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
+              f"must divide num_heads ({self.num_heads})")
+
+
+def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, bos_id: int):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+    )
+    return Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
+
+
+def build_tiny(cfg: TinyModelConfig, vocab_size: int, seed: int, eos_id: int = 2, pad_id: int = 0,
+               bos_id: int = 1) -> torch.nn.Module:
+    """A randomly initialised tiny model; the weights are a pure function of (cfg, seed)."""
+    from transformers import AutoModelForCausalLM
+
+    hf_cfg = tiny_hf_config(cfg, vocab_size, eos_id, pad_id, bos_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="sdpa", dtype=torch.float32)
+    return model
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Load a causal LM from a local directory holding config.json and safetensors weights."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    if not path.is_dir():
+        raise PoiseError(f"model directory '{path}' does not exist; pass a local HF checkpoint "
+                         "directory (config.json + *.safetensors) or run `poise sft` to make one")
+    if not (path / "config.json").is_file():
+        raise PoiseError(f"model directory '{path}' has no config.json; it must be a transformers checkpoint")
+    if not any(path.glob("*.safetensors")):
+        raise PoiseError(f"model directory '{path}' has no *.safetensors weights; save with safe_serialization")
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype,
+                                                    attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        raise PoiseError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
+
+
+def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:
+    """Save in HF format with safetensors weights (and the char tokenizer's marker file)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(path), safe_serialization=True)
+    save = getattr(tokenizer, "save", None)
+    if save is not None:
+        save(path)
+    elif tokenizer is not None and hasattr(tokenizer, "_tok"):
+        tokenizer._tok.save_pretrained(str(path))

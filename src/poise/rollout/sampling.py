@@ -1,0 +1,123 @@
+"""Token sampling whose randomness is a pure function of (seed, sample id, token position).
+
+DESIGN.md invariant 2. Each (seed, step, prompt_index, sample_index, position, vocab id) is
+hashed with a counter-based mixer (splitmix64) to a uniform u, and the token is chosen by the
+Gumbel-max rule over the tempered, top-k/top-p-filtered log-probabilities:
+
+    token = argmax_i  log p_i - log(-log u_i)
+
+which samples exactly from p (Gumbel 1954). No generator state exists, so a sample's tokens do
+not depend on the engine, its slot, its batch, or where it was aborted and resumed — only on
+its logits, which batch-invariant decoding makes independent of the batch too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from poise.schema import check, help_field
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(x: int) -> int:
+    x &= _MASK64
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64 finaliser on int64 tensors (wrapping two's-complement arithmetic)."""
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    return x ^ _shr(x, 31)
+
+
+def sample_keys(seed: int, sample_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Per-row 64-bit keys from (seed, sample id, position).
+
+    sample_ids: [B, 3] int64 (step, prompt_index, sample_index); positions: [B] int64, the index
+    of the token being sampled within the response (0 for the first response token).
+    Returns [B] int64.
+    """
+    h = torch.full((sample_ids.shape[0],), _signed(seed), dtype=torch.int64, device=sample_ids.device)
+    h = _mix(h + _GOLDEN)
+    for column in (sample_ids[:, 0], sample_ids[:, 1], sample_ids[:, 2], positions):
+        h = _mix(h ^ (column.to(torch.int64) + _GOLDEN))
+    return h
+
+
+def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B] keys -> [B, V] float64 uniforms in (0, 1), one per vocabulary entry."""
+    vocab = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)
+    bits = _mix(keys[:, None] ^ (vocab[None, :] * _GOLDEN))
+    mantissa = _shr(bits, 11).to(torch.float64)  # 53 random bits
+    return (mantissa + 0.5) / float(1 << 53)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = help_field(1.0, "softmax temperature; 0 means greedy")
+    top_p: float = help_field(1.0, "nucleus sampling: keep the smallest set of tokens with this much mass")
+    top_k: int = help_field(0, "keep only the k most likely tokens; 0 keeps all")
+    max_new_tokens: int = help_field(80, "longest response in tokens")
+
+    def __post_init__(self) -> None:
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 = greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = no top-k)")
+        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
+
+
+def filtered_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """[B, V] logits -> [B, V] float32 log-probabilities after temperature, top-k and top-p.
+
+    Removed tokens get -inf. Every operation is row-wise, so a row's result does not depend on
+    the other rows.
+    """
+    logits = logits.float()
+    if cfg.temperature > 0:
+        logits = logits / cfg.temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    if cfg.top_k > 0 and cfg.top_k < logp.shape[-1]:
+        kth = torch.topk(logp, cfg.top_k, dim=-1).values[:, -1:]
+        logp = logp.masked_fill(logp < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logp, order = torch.sort(logp, dim=-1, descending=True)
+        mass_before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()
+        drop_sorted = mass_before >= cfg.top_p  # keep tokens until the mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logp = logp.masked_fill(drop, float("-inf"))
+    return logp
+
+
+def sample_next(logits: torch.Tensor, seed: int, sample_ids: torch.Tensor, positions: torch.Tensor,
+                cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose the next token of each row.
+
+    logits: [B, V] (any float dtype); sample_ids: [B, 3] int64; positions: [B] int64.
+    Returns (tokens [B] int64, logprobs [B] float32) where logprobs are under the tempered,
+    unfiltered distribution log_softmax(logits / T) — what the trainer recomputes.
+    """
+    logits = logits.float()
+    if cfg.temperature == 0:
+        tokens = torch.argmax(logits, dim=-1)
+        logp_full = torch.log_softmax(logits, dim=-1)
+    else:
+        logp_full = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        logp = filtered_logprobs(logits, cfg)
+        u = uniforms(sample_keys(seed, sample_ids, positions), logits.shape[-1])
+        gumbel = -torch.log(-torch.log(u))
+        tokens = torch.argmax(logp.double() + gumbel, dim=-1)
+    return tokens, logp_full.gather(-1, tokens[:, None]).squeeze(-1)
