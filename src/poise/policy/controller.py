@@ -1,0 +1,210 @@
+"""Resize controller (DynaResize §3.4): decides, once per step, whether to move devices between
+the rollout and train roles, and to which allowed split.
+
+Interface (runtime driver, simulator):
+
+    ctl = ResizeController(ControllerConfig(...), cost, pipeline_mode="async",
+                           resize_mode="live", allowed=[Split(6, 2), Split(4, 4)],
+                           devices_per_instance=1, batch_cap=64)
+    decision = ctl.observe(StepObservation(step, now, split, rollout_s, train_s, step_s,
+                                           output_lengths, prompt_len))
+    if decision.action == "resize": apply decision.to_split   # the controller assumes it is applied
+
+Every `Decision` carries a human-readable `reason`, the predicted gain per step, the predicted
+resize cost and the break-even step count, and is logged as a `decision` event.
+
+The signal. The cost model prices every allowed split on this step's output lengths; its stage
+times are calibrated to the observed ones (observed / predicted at the current split), so a
+model that is wrong by a constant factor still ranks splits correctly. The signal is the
+relative gain of the best split over the current one. The paper's signal is the raw
+imbalance between stage times; ours is equivalent for the async pipeline (where the step is
+the slower stage) and also right for sync, where balancing stages is not the goal.
+
+The filters, in the order they are applied (each can hold the split, with its reason):
+  cooldown     no resize within `cooldown_steps` steps of the previous one
+  threshold    predicted gain below `threshold` of the current step time: balanced
+  consecutive  the same target must be signalled `consecutive` steps in a row
+  dwell        ... and the signal must have lasted `dwell_s` seconds of run time
+  break-even   gain per step x expected persistence must exceed the resize cost
+Expected persistence: how many more steps the current regime (run of steps with the same best
+split) will last. Before any regime has ended it is `persistence_prior_steps`; after, it is
+the mean length of the ended regimes minus this one's age. Departure from the paper, which
+sets a >10-step cooldown from the measured break-even of its one workload (the circularity its
+reviewers flagged): ours checks break-even against the workload's own observed persistence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+from poise.policy.allocator import StepWorkload, compose_step, predict_step
+from poise.policy.cost import CostModel
+from poise.policy.split import Split
+from poise.schema import check, help_field
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    threshold: float = help_field(0.15, "relative predicted gain of the best split over the "
+                                  "current one that counts as an imbalance signal (0.15 = 15%)")
+    consecutive: int = help_field(3, "signals for the same target in a row before a resize")
+    dwell_s: float = help_field(0.0, "seconds of run time the signal must persist before a resize")
+    cooldown_steps: int = help_field(10, "steps after a resize during which no resize happens")
+    break_even: bool = help_field(True, "resize only if gain/step x expected persistence exceeds "
+                                  "the predicted resize cost")
+    persistence_prior_steps: float = help_field(20.0, "expected regime length in steps before "
+                                                "any regime has been seen to end")
+
+    def __post_init__(self) -> None:
+        check(self.threshold >= 0, "controller.threshold", self.threshold,
+              "must be >= 0 (a fraction of the step time, e.g. 0.15)")
+        check(self.consecutive >= 1, "controller.consecutive", self.consecutive,
+              "must be >= 1 signal")
+        check(self.dwell_s >= 0, "controller.dwell_s", self.dwell_s, "must be >= 0 seconds")
+        check(self.cooldown_steps >= 0, "controller.cooldown_steps", self.cooldown_steps,
+              "must be >= 0 steps; use 0 for no cooldown")
+        check(self.persistence_prior_steps > 0, "controller.persistence_prior_steps",
+              self.persistence_prior_steps, "must be > 0 steps")
+
+
+NO_HYSTERESIS = ControllerConfig(threshold=0.05, consecutive=1, dwell_s=0.0, cooldown_steps=0,
+                                 break_even=False)
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """What the driver saw in one step. Times in seconds; `now` is run time at the step's end."""
+
+    step: int
+    now: float
+    split: Split
+    rollout_s: float
+    train_s: float
+    step_s: float
+    output_lengths: tuple[int, ...]
+    prompt_len: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: int
+    now: float
+    action: Literal["hold", "resize"]
+    from_split: Split
+    to_split: Split
+    reason: str
+    signal: bool = False
+    predicted_gain_s: float = 0.0  # per step, best split vs current
+    predicted_cost_s: float = 0.0  # resize critical path
+    break_even_steps: float | None = None
+    expected_persistence_steps: float | None = None
+    predictions: dict[str, float] = field(default_factory=dict)  # split -> predicted step s
+
+    def event_fields(self) -> dict:
+        """The `decision` event of docs/events.md."""
+        return {"what": "resize", "action": self.action, "step": self.step,
+                "from": self.from_split.as_list(), "to": self.to_split.as_list(),
+                "reason": self.reason, "predicted_gain_s": self.predicted_gain_s,
+                "predicted_cost_s": self.predicted_cost_s, "break_even_steps": self.break_even_steps,
+                "expected_persistence_steps": self.expected_persistence_steps}
+
+
+class ResizeController:
+    """Hysteresis resize controller; see the module docstring."""
+
+    def __init__(self, cfg: ControllerConfig, cost: CostModel, pipeline_mode: str,
+                 resize_mode: str, allowed: Sequence[Split], devices_per_instance: int = 1,
+                 batch_cap: int = 64, micro_batches: int = 8):
+        self.cfg = cfg
+        self.cost = cost
+        self.pipeline_mode = pipeline_mode
+        self.resize_cost = cost.resize(resize_mode)
+        self.allowed = tuple(allowed)
+        self.devices_per_instance = devices_per_instance
+        self.batch_cap = batch_cap
+        self.micro_batches = micro_batches
+        self.last_resize_step: int | None = None
+        self._run_target: Split | None = None  # target of the current run of signals
+        self._run_len = 0
+        self._run_start_t = 0.0
+        self._regime: Split | None = None
+        self._regime_start = 0
+        self.ended_regimes: list[int] = []
+
+    def predictions(self, obs: StepObservation) -> dict[Split, float]:
+        """Predicted step seconds of every allowed split (and the current one), calibrated so
+        the current split's stage times equal the observed ones."""
+        work = StepWorkload(obs.output_lengths, obs.prompt_len)
+        splits = set(self.allowed) | {obs.split}
+        raw = {s: predict_step(self.cost, work, s, self.pipeline_mode, self.devices_per_instance,
+                               self.batch_cap, self.micro_batches) for s in splits}
+        cur = raw[obs.split]
+        r_scale = obs.rollout_s / cur.rollout_s if cur.rollout_s > 0 else 1.0
+        t_scale = obs.train_s / cur.train_s if cur.train_s > 0 else 1.0
+        out = {}
+        for s, p in raw.items():
+            tail = None
+            if self.pipeline_mode == "stream":
+                tail = max(0.0, p.step_s - p.sync_s - p.rollout_s) * t_scale
+            out[s] = compose_step(self.pipeline_mode, p.rollout_s * r_scale, p.train_s * t_scale,
+                                  p.sync_s, tail)
+        return out
+
+    def observe(self, obs: StepObservation) -> Decision:
+        cfg = self.cfg
+        preds = self.predictions(obs)
+        cur_s = preds[obs.split]
+        best = min(self.allowed or (obs.split,), key=lambda s: (round(preds[s], 9), s != obs.split))
+        gain = max(0.0, cur_s - preds[best])
+        signal = best != obs.split and cur_s > 0 and gain / cur_s >= cfg.threshold
+        table = {str(s): round(v, 3) for s, v in sorted(preds.items())}
+        cost_s = self.resize_cost.critical_path_s
+
+        # Regime: the split the workload wants now (the current one when balanced).
+        key = best if signal else obs.split
+        if self._regime is None:
+            self._regime, self._regime_start = key, obs.step
+        elif key != self._regime:
+            self.ended_regimes.append(obs.step - self._regime_start)
+            self._regime, self._regime_start = key, obs.step
+        age = obs.step - self._regime_start + 1
+        if self.ended_regimes:
+            persistence = max(0.0, sum(self.ended_regimes) / len(self.ended_regimes) - age)
+        else:
+            persistence = max(0.0, cfg.persistence_prior_steps - age)
+
+        if signal and best == self._run_target:
+            self._run_len += 1
+        elif signal:
+            self._run_target, self._run_len, self._run_start_t = best, 1, obs.now - obs.step_s
+        else:
+            self._run_target, self._run_len = None, 0
+        break_even = cost_s / gain if gain > 0 else None
+
+        def decide(action: str, reason: str) -> Decision:
+            return Decision(obs.step, obs.now, action, obs.split, best if action == "resize" else obs.split,  # type: ignore[arg-type]
+                            reason, signal, gain, cost_s, break_even, persistence, table)
+
+        if self.last_resize_step is not None and obs.step - self.last_resize_step <= cfg.cooldown_steps:
+            return decide("hold", f"cooldown: {obs.step - self.last_resize_step} of "
+                                  f"{cfg.cooldown_steps} steps since the last resize")
+        if not signal:
+            return decide("hold", f"balanced: best split {best} predicts {gain:.1f}s/step gain "
+                                  f"({gain / cur_s if cur_s else 0:.0%}) < threshold {cfg.threshold:.0%}")
+        if self._run_len < cfg.consecutive:
+            return decide("hold", f"signal {self._run_len}/{cfg.consecutive} toward {best} "
+                                  f"({gain:.1f}s/step)")
+        lasted = obs.now - self._run_start_t
+        if lasted < cfg.dwell_s:
+            return decide("hold", f"dwell: signal toward {best} has lasted {lasted:.0f}s of "
+                                  f"{cfg.dwell_s:.0f}s")
+        if cfg.break_even and gain * persistence <= cost_s:
+            return decide("hold", f"break-even: resize to {best} costs {cost_s:.0f}s = "
+                                  f"{break_even:.1f} steps of {gain:.1f}s gain, expect "
+                                  f"{persistence:.1f} more steps of this regime")
+        self.last_resize_step = obs.step
+        self._run_target, self._run_len = None, 0
+        return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.1f}s -> {preds[best]:.1f}s "
+                                f"per step, {self.resize_cost.mode} resize {cost_s:.0f}s pays back in "
+                                f"{break_even:.1f} steps; expect {persistence:.1f} more steps")

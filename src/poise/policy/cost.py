@@ -1,0 +1,290 @@
+"""Cost model: seconds for decode, prefill, train, weight sync and each phase of a resize.
+
+One object answers every "how long would this take" question the policy asks, so the
+allocator, the resize controller, the dispatcher, the simulator and (issue 5) the runtime
+all price work the same way. Two sources, one interface:
+
+    cost = CostModel(CostConfig(...))                 # written by hand (scenario YAML `cost:`)
+    cost = CostModel.from_profile(profile_dict, cfg)  # fitted from `poise profile` JSON
+                                                      # (docs/profile-format.md); the caller
+                                                      # reads the file, this module does no I/O
+
+    cost.decode_step_s(batch, context)    one batched decode step: a token for each of `batch`
+                                          live sequences whose mean context is `context` tokens
+    cost.decode_segment_s(batch, ctx_sum, steps)
+                                          `steps` decode steps with a constant batch whose
+                                          contexts sum to `ctx_sum` at the first step
+    cost.prefill_s(tokens)                prefill of one request
+    cost.train_s(tokens, devices)         forward+backward+optimizer over `tokens`, data-parallel
+    cost.sync_s()                         trainer -> rollout weight broadcast of the whole model
+    cost.resize(mode)                     ResizeCost: phases on the critical path and behind it
+
+`instance_finish_times` is the continuous-batching kernel (Orca-style iteration-level batching:
+a finished sequence's slot is refilled at the next step) shared by the estimators here and the
+simulator's emulated rollout instances. Pure Python: no torch, no clock, no global random.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+from poise.errors import ConfigError, PoiseError
+from poise.schema import check, help_factory, help_field
+
+ResizeMode = Literal["live", "hard"]
+
+# DynaResize Fig. 6 (Exp#2), 8xH20, Qwen3-8B: live 187.2 s and hard 254.8 s on the critical
+# path. The four bars are read off the figure; the last phase absorbs the rounding so the
+# totals match the paper. The deferred optimizer restore (§3.3) runs behind the first
+# forward/backward on the new topology; its length is ours (not reported in the paper).
+_LIVE = {"state_export": 60.7, "worker_reinit": 32.6, "weight_restore_comm_prewarm": 45.8,
+         "resize_postprocess": 48.1}
+_LIVE_BACKGROUND = {"optimizer_restore": 30.0}
+_HARD = {"state_export": 59.7, "worker_reinit": 60.3, "weight_restore": 104.1,
+         "resize_postprocess": 30.7}
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Hand-written cost coefficients; a profile JSON (if given) replaces the decode/prefill/
+    train/sync tables while the resize phases stay as written here."""
+
+    decode_base_s: float = help_field(0.012, "seconds of one decode step independent of batch "
+                                      "(reading the weights: memory-bound)")
+    decode_per_seq_s: float = help_field(1.5e-4, "extra seconds per live sequence in the batch")
+    decode_per_kv_token_s: float = help_field(4e-8, "extra seconds per context token held in the "
+                                              "KV cache of the batch (attention reads)")
+    prefill_per_token_s: float = help_field(4e-5, "prefill seconds per prompt token")
+    train_per_token_s: float = help_field(1.0e-3, "forward+backward seconds per token on one device")
+    train_fixed_s: float = help_field(1.0, "per-step optimizer and bookkeeping seconds")
+    train_allreduce_s: float = help_field(0.5, "gradient all-reduce seconds per step when more "
+                                          "than one train device")
+    weight_bytes: float = help_field(16e9, "bytes of weights broadcast trainer -> rollout per step")
+    sync_bandwidth: float = help_field(25e9, "weight-sync bandwidth, bytes per second")
+    sync_latency_s: float = help_field(0.05, "fixed seconds per weight sync")
+    resize_live: dict[str, float] = help_factory(lambda: dict(_LIVE),
+                                                 "live resize phases on the critical path, seconds")
+    resize_live_background: dict[str, float] = help_factory(
+        lambda: dict(_LIVE_BACKGROUND), "live resize phases that run behind the first train "
+        "step on the new topology; the optimizer step waits for them")
+    resize_hard: dict[str, float] = help_factory(lambda: dict(_HARD),
+                                                 "hard (stop, checkpoint, rebuild) resize phases")
+    profile: str | None = help_field(None, "path of a `poise profile` JSON; its tables replace "
+                                     "the decode/prefill/train/sync coefficients above")
+
+    def __post_init__(self) -> None:
+        for name in ("decode_base_s", "decode_per_seq_s", "decode_per_kv_token_s",
+                     "prefill_per_token_s", "train_per_token_s", "train_fixed_s",
+                     "train_allreduce_s", "weight_bytes", "sync_latency_s"):
+            value = getattr(self, name)
+            check(value >= 0, f"cost.{name}", value, "must be >= 0 seconds (or bytes)")
+        check(self.decode_base_s > 0 or self.decode_per_seq_s > 0, "cost.decode_base_s",
+              self.decode_base_s, "decode must cost something: set decode_base_s > 0")
+        check(self.sync_bandwidth > 0, "cost.sync_bandwidth", self.sync_bandwidth,
+              "must be > 0 bytes per second")
+        for table in ("resize_live", "resize_live_background", "resize_hard"):
+            for phase, seconds in getattr(self, table).items():
+                check(seconds >= 0, f"cost.{table}.{phase}", seconds, "must be >= 0 seconds")
+
+
+class PiecewiseLinear:
+    """y(x) by linear interpolation over sorted points, extrapolating the end segments."""
+
+    def __init__(self, points: Sequence[tuple[float, float]], name: str):
+        pts = sorted((float(x), float(y)) for x, y in points)
+        if not pts:
+            raise PoiseError(f"profile table '{name}' is empty; rerun `poise profile`")
+        self.xs = [p[0] for p in pts]
+        self.ys = [p[1] for p in pts]
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return ys[0] * (x / xs[0] if xs[0] else 1.0)  # one point: proportional
+        i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        if x1 == x0:
+            return y0
+        return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class ResizeCost:
+    """Priced resize: `phases` run one after another on the critical path (everything stops);
+    `background` phases overlap the first train step on the new topology (DynaResize §3.3)."""
+
+    mode: str
+    phases: tuple[tuple[str, float], ...]
+    background: tuple[tuple[str, float], ...]
+
+    @property
+    def critical_path_s(self) -> float:
+        return sum(s for _, s in self.phases)
+
+    @property
+    def background_s(self) -> float:
+        return sum(s for _, s in self.background)
+
+
+class CostModel:
+    """Prices work in seconds; see the module docstring for the interface."""
+
+    def __init__(self, cfg: CostConfig | None = None, tables: Mapping[str, Any] | None = None):
+        self.cfg = cfg or CostConfig()
+        self._decode_grid: list[tuple[float, PiecewiseLinear]] | None = None
+        self._prefill = self._train = self._sync = None
+        if tables:
+            self._load_tables(tables)
+
+    @classmethod
+    def from_profile(cls, profile: Mapping[str, Any], cfg: CostConfig | None = None) -> "CostModel":
+        """A cost model whose decode/prefill/train/sync come from profile JSON (already parsed)."""
+        if profile.get("format") != "poise-profile/1":
+            raise PoiseError(f"profile format {profile.get('format')!r} is not 'poise-profile/1'; "
+                             "regenerate it with `poise profile`")
+        return cls(cfg, tables=profile)
+
+    def _load_tables(self, p: Mapping[str, Any]) -> None:
+        try:
+            by_ctx: dict[float, list[tuple[float, float]]] = {}
+            for row in p["decode"]:
+                by_ctx.setdefault(float(row.get("context", 0)), []).append(
+                    (float(row["batch"]), float(row["seconds_per_step"])))
+            self._decode_grid = [(c, PiecewiseLinear(pts, "decode")) for c, pts in sorted(by_ctx.items())]
+            self._prefill = PiecewiseLinear([(r["tokens"], r["seconds"]) for r in p["prefill"]], "prefill")
+            if p.get("train"):
+                self._train = PiecewiseLinear([(r["tokens"], r["seconds"]) for r in p["train"]], "train")
+            if p.get("weight_sync"):
+                self._sync = PiecewiseLinear([(r["bytes"], r["seconds"]) for r in p["weight_sync"]],
+                                             "weight_sync")
+        except (KeyError, TypeError, ValueError) as e:
+            raise PoiseError(f"profile JSON is missing or has a bad field ({e!r}); see "
+                             "docs/profile-format.md or regenerate it with `poise profile`") from None
+
+    # --- generation -------------------------------------------------------------------------
+    def decode_step_s(self, batch: int, context: float) -> float:
+        if batch <= 0:
+            return 0.0
+        if self._decode_grid is not None:
+            grid = self._decode_grid
+            ctxs = [c for c, _ in grid]
+            if len(grid) == 1:
+                return grid[0][1](batch)
+            i = min(max(bisect.bisect_right(ctxs, context) - 1, 0), len(grid) - 2)
+            (c0, f0), (c1, f1) = grid[i], grid[i + 1]
+            y0, y1 = f0(batch), f1(batch)
+            return max(0.0, y0 + (y1 - y0) * (context - c0) / (c1 - c0))
+        c = self.cfg
+        return c.decode_base_s + c.decode_per_seq_s * batch + c.decode_per_kv_token_s * batch * context
+
+    def decode_segment_s(self, batch: int, ctx_sum: float, steps: int) -> float:
+        """`steps` decode steps at constant `batch`; contexts sum to `ctx_sum` at the first step
+        and grow by `batch` per step. Exact for the linear model (the mean context over the
+        segment is its midpoint), midpoint-interpolated for a profile table."""
+        if steps <= 0 or batch <= 0:
+            return 0.0
+        mean_ctx = ctx_sum / batch + (steps - 1) / 2.0
+        return steps * self.decode_step_s(batch, mean_ctx)
+
+    def prefill_s(self, tokens: float) -> float:
+        if self._prefill is not None:
+            return self._prefill(tokens)
+        return self.cfg.prefill_per_token_s * tokens
+
+    # --- training and sync ------------------------------------------------------------------
+    def train_compute_s(self, tokens: float, devices: int) -> float:
+        """Forward+backward seconds for `tokens` split evenly over `devices` (no fixed part)."""
+        if devices < 1:
+            raise ConfigError("train devices", devices, "need at least one train device")
+        per_device = tokens / devices
+        if self._train is not None:
+            return self._train(per_device)
+        return self.cfg.train_per_token_s * per_device
+
+    def train_fixed_s(self, devices: int) -> float:
+        """Per-step seconds that do not shrink with devices: optimizer step and all-reduce."""
+        return self.cfg.train_fixed_s + (self.cfg.train_allreduce_s if devices > 1 else 0.0)
+
+    def train_s(self, tokens: float, devices: int) -> float:
+        return self.train_compute_s(tokens, devices) + self.train_fixed_s(devices)
+
+    def sync_s(self) -> float:
+        if self._sync is not None:
+            return self._sync(self.cfg.weight_bytes)
+        return self.cfg.sync_latency_s + self.cfg.weight_bytes / self.cfg.sync_bandwidth
+
+    # --- resizing ---------------------------------------------------------------------------
+    def resize(self, mode: str) -> ResizeCost:
+        if mode == "live":
+            return ResizeCost("live", tuple(self.cfg.resize_live.items()),
+                              tuple(self.cfg.resize_live_background.items()))
+        if mode == "hard":
+            return ResizeCost("hard", tuple(self.cfg.resize_hard.items()), ())
+        raise ConfigError("resize.mode", mode, "allowed: 'live', 'hard'")
+
+
+def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: Sequence[int],
+                          batch_cap: int, start: float = 0.0) -> list[float]:
+    """Finish time of each request on one rollout instance with continuous batching.
+
+    Requests are admitted in the given order whenever a slot is free (FIFO queue, at most
+    `batch_cap` live). Each admission costs its prefill; between two finishes the batch is
+    constant, so the decode time of that segment is priced in one call. Returns finish times in
+    the input order. Used by the allocator's estimate and by the simulator's emulated engines.
+    """
+    n = len(lengths)
+    finish = [0.0] * n
+    if n == 0:
+        return finish
+    if batch_cap < 1:
+        raise ConfigError("batch_cap", batch_cap, "must be >= 1 slot")
+    t = start
+    idx = 0  # decode steps taken so far on this instance
+    live: list[tuple[int, int]] = []  # (decode step at which it finishes, request)
+    ctx_base = 0  # sum over live of (prompt_len - admission step): context = ctx_base + b*idx
+    admit_step = [0] * n
+    nxt = 0
+    while nxt < n or live:
+        while nxt < n and len(live) < batch_cap:
+            length = max(1, int(lengths[nxt]))
+            t += cost.prefill_s(prompt_lens[nxt])
+            heapq.heappush(live, (idx + length, nxt))
+            admit_step[nxt] = idx
+            ctx_base += prompt_lens[nxt] - idx
+            nxt += 1
+        f = live[0][0]
+        b = len(live)
+        t += cost.decode_segment_s(b, ctx_base + b * idx, f - idx)
+        idx = f
+        while live and live[0][0] == idx:
+            _, i = heapq.heappop(live)
+            finish[i] = t
+            ctx_base -= prompt_lens[i] - admit_step[i]
+    return finish
+
+
+def predict_rollout_s(cost: CostModel, lengths: Sequence[int], prompt_len: int, instances: int,
+                      batch_cap: int) -> float:
+    """Generation makespan of one step: requests dealt longest-first round-robin over
+    `instances` (a balanced dispatch); instance 0 gets the longest of each round, so its
+    finish is the makespan. Cost is O(n/instances log n)."""
+    if instances < 1:
+        raise ConfigError("rollout instances", instances, "need at least one rollout instance")
+    if not lengths:
+        return 0.0
+    ordered = sorted(lengths, reverse=True)[::instances]
+    times = instance_finish_times(cost, ordered, [prompt_len] * len(ordered), batch_cap)
+    return max(times)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))
+    return float(s[k])
