@@ -1,0 +1,432 @@
+"""The rollout engine: continuous batching over a fixed number of slots, streaming each sample out.
+
+A request waits in a FIFO queue until a slot is free; its prompt is prefilled into the slot's
+preallocated KV cache in the same forward as the decode step of the slots already running
+(so an admission costs extra tokens, not an extra forward); every running slot gains one token
+per step; a sequence leaves on EOS, a stop string, its token budget or the end of the context,
+and the freed slot goes to the next request. Each finished sample goes out at once (the
+`on_sample` callback, `stream()`, or `step()`'s return value) — StreamRL's stream generation.
+
+Determinism (DESIGN.md invariants 1 and 2). Sampling randomness is a pure function of
+(seed, sample id, position) (`poise.rollout.sampling`), so a sample's tokens depend only on its
+logits. With `batch_invariant: true` the logits are bit-identical whatever else runs:
+
+- prefill runs per request, alone (its shapes depend only on the prompt);
+- decode runs in tiles of `invariant_tile` consecutive slots, always at the full tile and the
+  full context (masked), so every matmul and attention has one fixed shape and a row's result
+  cannot depend on how many other rows are live or what they hold (CPU GEMMs are row-invariant
+  at a fixed shape but not across shapes: a 1-row GEMM takes another kernel);
+- a resumed partial is prefilled with its prompt only and its generated tokens are replayed
+  through the same decode tiles, so its cache is bit-identical to the uninterrupted run's.
+
+The fast mode (default) packs only live rows and resumes by prefilling prompt + generated
+tokens; tokens then match up to floating-point near-ties, as they would between batch sizes.
+
+Weights versions (invariant 4): every token of a sample is generated under one version, the
+one it is stamped with. `load_weights` therefore refuses while sequences are in flight, and
+`resume` refuses a partial made under another version.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Literal, Mapping, Protocol
+
+import torch
+
+from poise.errors import PoiseError
+from poise.rollout.kv_cache import KVCache
+from poise.rollout.runner import DecoderRunner, StepInputs
+from poise.rollout.sampling import SamplingConfig, sample_next
+from poise.schema import check, help_field
+
+SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
+FinishReason = Literal["eos", "stop", "length", "abort"]
+
+
+class RequestError(PoiseError):
+    """A request the engine cannot serve; names the request. Other requests are unaffected."""
+
+    def __init__(self, sample_id: object, problem: str):
+        self.sample_id = sample_id
+        super().__init__(f"request {sample_id}: {problem}")
+
+
+class WeightsError(PoiseError):
+    """`load_weights` got a missing, unknown or mis-shaped tensor; names it. The old weights stay."""
+
+    def __init__(self, name: str, problem: str):
+        self.name = name
+        super().__init__(f"weights tensor '{name}': {problem}")
+
+
+class EngineBusyError(PoiseError):
+    """An operation that needs no sequence in flight was called with some in flight."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
+    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
+    batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
+                                              "co-batched requests (fixed decode shapes; slower)")
+    invariant_tile: int = help_field(8, "rows per fixed-shape decode tile in batch_invariant mode; engines "
+                                        "must share it (and max_context) to agree bit for bit")
+    max_prefill_tokens: int = help_field(2048, "prompt tokens admitted per step at most (bounds a step's work)")
+    stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
+                                                   "(needs a tokenizer); the completing token is kept")
+    weight_bucket_mb: float = help_field(64.0, "load_weights stages at most this many MiB at a time")
+
+    def __post_init__(self) -> None:
+        check(self.num_slots >= 1, "num_slots", self.num_slots, "must be >= 1")
+        check(self.max_context >= 0, "max_context", self.max_context, "must be >= 0 (0 = model's maximum)")
+        check(self.invariant_tile >= 2, "invariant_tile", self.invariant_tile,
+              "must be >= 2 (a 1-row matmul takes a different kernel than a multi-row one)")
+        check(self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1")
+        check(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", self.stop_strings,
+              "must be non-empty strings")
+        check(self.weight_bucket_mb > 0, "weight_bucket_mb", self.weight_bucket_mb, "must be > 0")
+
+
+@dataclass(frozen=True)
+class Request:
+    sample_id: SampleId
+    prompt_ids: list[int] | tuple[int, ...]
+    max_new_tokens: int | None = None  # None: SamplingConfig.max_new_tokens
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A finished (or, with finish_reason 'abort', partial) response.
+
+    logprobs[i] is log p(token_ids[i]) under the tempered, unfiltered distribution
+    (see `sample_next`). Times come from the engine's clock.
+    """
+
+    sample_id: SampleId
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weights_version: int
+    submit_time: float
+    finish_time: float
+    max_new_tokens: int  # the budget it ran under; a resumed partial keeps it
+
+
+class Tokenizer(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass
+class _Sequence:
+    sample_id: SampleId
+    prompt: list[int]
+    max_new: int
+    submit_time: float
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)  # tokens to replay (batch_invariant resume)
+    forced_logprobs: list[float] = field(default_factory=list)
+    slot: int = -1
+    cached: int = 0  # tokens of this sequence in its slot's cache
+    text_len: int = 0  # length of decoded response text (stop strings)
+
+
+class Engine:
+    """Continuous-batching rollout engine over a transformers Llama/Qwen2 model.
+
+    model: a Llama/Qwen2 `...ForCausalLM` (eval mode is set; its parameters are the engine's
+    weights and keep their HF names). eos_id: the token that ends a response, or None for an
+    EOS-free workload. tokenizer: needed only for stop strings. clock: seconds, injectable.
+    on_sample: called with each finished sample as soon as it finishes.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, sampling: SamplingConfig, seed: int,
+                 eos_id: int | None, *, tokenizer: Tokenizer | None = None,
+                 clock: Callable[[], float] = time.perf_counter, weights_version: int = 0,
+                 on_sample: Callable[[Sample], None] | None = None):
+        if cfg.stop_strings and tokenizer is None:
+            raise PoiseError(f"stop_strings {cfg.stop_strings} need a tokenizer; pass tokenizer= to Engine")
+        self.model = model.eval()
+        self.cfg, self.sampling, self.seed, self.eos_id = cfg, sampling, seed, eos_id
+        self.tokenizer, self.clock, self.on_sample = tokenizer, clock, on_sample
+        self.version = weights_version
+        self.runner = DecoderRunner(model)
+        self.context = cfg.max_context or self.runner.max_positions
+        if self.context > self.runner.max_positions:
+            raise PoiseError(f"max_context {self.context} exceeds the model's max_position_embeddings "
+                             f"{self.runner.max_positions}; lower engine max_context")
+        slots = cfg.num_slots
+        if cfg.batch_invariant:  # whole tiles, so every tile is a view of consecutive cache rows
+            slots = math.ceil(slots / cfg.invariant_tile) * cfg.invariant_tile
+        self.cache = KVCache(self.runner.cache_shape(slots, self.context), self.runner.dtype, self.runner.device)
+        self._free = list(range(cfg.num_slots))  # a heap: lowest slot first keeps live slots packed
+        self._slots: dict[int, _Sequence] = {}
+        self._queue: deque[_Sequence] = deque()
+        self._known: set[SampleId] = set()  # queued or running
+        self.replay_mismatches = 0  # batch_invariant resume: replayed tokens the logits disagreed with
+        self.steps = 0
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> None:
+        """Queue a request; raises RequestError (naming it) if it cannot be served."""
+        self._queue.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens))
+
+    def _admit_check(self, sample_id: SampleId, prompt: list[int], max_new: int | None,
+                     tokens: list[int] | None = None) -> _Sequence:
+        if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
+            raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
+        if sample_id in self._known:
+            raise RequestError(sample_id, "is already queued or running on this engine; sample ids must be unique")
+        if not prompt:
+            raise RequestError(sample_id, "empty prompt; a prompt needs at least one token")
+        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.runner.vocab_size)]
+        if bad:
+            raise RequestError(sample_id, f"prompt token {bad[0]!r} is outside the vocabulary [0, "
+                                          f"{self.runner.vocab_size})")
+        if len(prompt) >= self.context:
+            raise RequestError(sample_id, f"prompt of {len(prompt)} tokens leaves no room in the context of "
+                                          f"{self.context}; shorten the prompt to at most {self.context - 1} "
+                                          "tokens or raise engine max_context")
+        budget = self.sampling.max_new_tokens if max_new is None else max_new
+        if not isinstance(budget, int) or budget <= 0:
+            raise RequestError(sample_id, f"max_new_tokens={budget!r}; it must be a positive integer")
+        seq = _Sequence(sample_id, prompt, budget, self.clock())
+        if tokens:
+            seq.tokens = list(tokens)
+        self._known.add(sample_id)
+        return seq
+
+    @property
+    def idle(self) -> bool:
+        return not self._slots and not self._queue
+
+    @property
+    def num_running(self) -> int:
+        return len(self._slots)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    # ---- the scheduling loop --------------------------------------------------------------
+
+    def step(self) -> list[Sample]:
+        """One scheduling iteration: admit queued requests, decode one token for every running
+        sequence. Returns the samples that finished in it (also passed to `on_sample`)."""
+        if self.idle:
+            return []
+        if self.cfg.batch_invariant:
+            rows, decoded = self._step_invariant()
+        else:
+            rows, decoded = self._step_packed()
+        self.steps += 1
+        finished = self._advance(rows, decoded)
+        if self.on_sample is not None:
+            for sample in finished:
+                self.on_sample(sample)
+        return finished
+
+    def _admissions(self) -> list[_Sequence]:
+        admitted, budget = [], self.cfg.max_prefill_tokens
+        while self._queue and self._free:
+            seq = self._queue[0]
+            need = len(seq.prompt) + (0 if self.cfg.batch_invariant else len(seq.tokens))
+            if admitted and need > budget:
+                break  # the first admission always goes, so a long prompt cannot starve
+            self._queue.popleft()
+            seq.slot = heapq.heappop(self._free)
+            self._slots[seq.slot] = seq
+            admitted.append(seq)
+            budget -= need
+        return admitted
+
+    def _step_packed(self) -> tuple[list[_Sequence], torch.Tensor]:
+        """Fast mode: live decode rows and new prefills in one forward."""
+        running = [self._slots[s] for s in sorted(self._slots)]  # before admission: these decode
+        admitted = self._admissions()
+        step = StepInputs()
+        for seq in running:
+            step.decode_slots.append(seq.slot)
+            step.decode_tokens.append(seq.tokens[-1])
+            step.decode_positions.append(seq.cached)
+        if running:
+            step.attend_lo, step.attend_hi = running[0].slot, running[-1].slot + 1
+            step.attend_len = max(step.decode_positions) + 1
+        for seq in admitted:  # a resumed partial re-prefills prompt + generated tokens at once
+            step.prefills.append((seq.slot, seq.prompt + seq.tokens))
+        logits = self.runner.forward(step, self.cache)
+        return running + admitted, logits
+
+    def _step_invariant(self) -> tuple[list[_Sequence], torch.Tensor]:
+        """batch_invariant mode: fixed-shape decode tiles, then one prefill per admitted request.
+
+        Decode goes first: a tile's idle rows write garbage at position 0 of their own (free)
+        slots, which a prefill in the same step must overwrite, not precede.
+        """
+        tile = self.cfg.invariant_tile
+        rows: list[_Sequence] = []
+        logits: list[torch.Tensor] = []
+        for lo in range(0, self.cache.shape.slots, tile):
+            members = [self._slots.get(s) for s in range(lo, lo + tile)]
+            if not any(members):
+                continue
+            step = StepInputs(attend_lo=lo, attend_hi=lo + tile, attend_len=self.context)
+            for s, seq in zip(range(lo, lo + tile), members):
+                step.decode_slots.append(s)
+                step.decode_tokens.append(seq.tokens[-1] if seq else 0)
+                step.decode_positions.append(seq.cached if seq else 0)
+            tile_logits = self.runner.forward(step, self.cache)
+            keep = [i for i, seq in enumerate(members) if seq]
+            rows.extend(members[i] for i in keep)
+            logits.append(self._sample_tile(tile_logits, [m for m in members], keep))
+        for seq in self._admissions():
+            # replay what a partial had: prompt-only prefill + decode tiles rebuild its exact cache
+            seq.forced, seq.forced_logprobs, seq.tokens, seq.logprobs = seq.tokens, seq.logprobs, [], []
+            out = self.runner.forward(StepInputs(prefills=[(seq.slot, seq.prompt)]), self.cache)
+            padded = torch.zeros((tile, out.shape[1]), dtype=out.dtype, device=out.device)
+            padded[0] = out[0]
+            rows.append(seq)
+            logits.append(self._sample_tile(padded, [seq] + [None] * (tile - 1), [0]))
+        return rows, torch.cat(logits) if logits else torch.empty(0)
+
+    def _sample_tile(self, logits: torch.Tensor, members: list[_Sequence | None], keep: list[int]) -> torch.Tensor:
+        """Sample a whole fixed-shape tile of logits; returns [len(keep), 2] (token, logprob) rows."""
+        tokens, logprobs = self._sample(logits, members)
+        keep_t = torch.tensor(keep, dtype=torch.int64, device=logits.device)
+        return torch.stack([tokens.double(), logprobs.double()], dim=1).index_select(0, keep_t)
+
+    def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = [seq.sample_id if seq else (0, 0, 0) for seq in members]
+        positions = [len(seq.tokens) if seq else 0 for seq in members]
+        device = logits.device
+        return sample_next(logits, self.seed, torch.tensor(ids, dtype=torch.int64, device=device),
+                           torch.tensor(positions, dtype=torch.int64, device=device), self.sampling)
+
+    def _advance(self, rows: list[_Sequence], out: torch.Tensor) -> list[Sample]:
+        """Append each row's new token, and retire the sequences that finished."""
+        if self.cfg.batch_invariant:
+            pairs = out.tolist()
+            tokens = [int(t) for t, _ in pairs]
+            logprobs = [float(lp) for _, lp in pairs]
+        else:
+            tok_t, lp_t = self._sample(out, rows)
+            tokens, logprobs = tok_t.tolist(), lp_t.tolist()
+        finished = []
+        now = None
+        for seq, token, logprob in zip(rows, tokens, logprobs):
+            seq.cached = len(seq.prompt) + len(seq.tokens)  # the row's input token is now cached
+            if seq.forced:
+                # replay: the logits are bit-identical to the original run's, so the sample must agree
+                expected, expected_logprob = seq.forced.pop(0), seq.forced_logprobs.pop(0)
+                if token != expected or logprob != expected_logprob:
+                    self.replay_mismatches += 1
+                    token, logprob = expected, expected_logprob
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            reason = None if seq.forced else self._finish_reason(seq, token)
+            if reason is not None:
+                now = self.clock() if now is None else now
+                finished.append(self._retire(seq, reason, now))
+        return finished
+
+    def _finish_reason(self, seq: _Sequence, token: int) -> FinishReason | None:
+        if self.eos_id is not None and token == self.eos_id:
+            return "eos"
+        if self.cfg.stop_strings and self._hit_stop(seq):
+            return "stop"
+        if len(seq.tokens) >= seq.max_new or len(seq.prompt) + len(seq.tokens) >= self.context:
+            return "length"
+        return None
+
+    def _hit_stop(self, seq: _Sequence) -> bool:
+        text = self.tokenizer.decode(seq.tokens)
+        start = seq.text_len
+        seq.text_len = len(text)
+        for stop in self.cfg.stop_strings:
+            if text.find(stop, max(0, start - len(stop) + 1)) >= 0:
+                return True
+        return False
+
+    def _retire(self, seq: _Sequence, reason: FinishReason, now: float) -> Sample:
+        if seq.slot >= 0:
+            del self._slots[seq.slot]
+            heapq.heappush(self._free, seq.slot)
+        self._known.discard(seq.sample_id)
+        tokens, logprobs = seq.tokens, seq.logprobs
+        if seq.forced:  # aborted mid-replay: hand on what the partial had, with its logprobs
+            tokens, logprobs = seq.tokens + seq.forced, seq.logprobs + seq.forced_logprobs
+        return Sample(seq.sample_id, tuple(seq.prompt), tuple(tokens), tuple(logprobs), reason, self.version,
+                      seq.submit_time, now, seq.max_new)
+
+    # ---- streaming and batch entry points -------------------------------------------------
+
+    def stream(self) -> Iterator[Sample]:
+        """Run until nothing is queued or running, yielding each sample the step it finishes."""
+        while not self.idle:
+            yield from self.step()
+
+    def generate(self, requests: Iterable[Request]) -> list[Sample]:
+        """Serve `requests` to completion; all samples, sorted by sample id.
+
+        The colocated training loop's entry point. Every request is checked before any runs, so
+        one bad request raises (naming it) and leaves the engine as it was.
+        """
+        if not self.idle:
+            raise EngineBusyError(f"generate needs an idle engine; {self.num_running} running and "
+                                  f"{self.num_queued} queued (drain them with stream() first)")
+        requests = list(requests)
+        seqs = []
+        try:
+            for request in requests:
+                seqs.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens))
+        except RequestError:
+            for seq in seqs:
+                self._known.discard(seq.sample_id)
+            raise
+        self._queue.extend(seqs)
+        return sorted(self.stream(), key=lambda s: s.sample_id)
+
+    # ---- migration --------------------------------------------------------------------------
+
+    def abort(self, ids: Iterable[SampleId] | None = None) -> list[Sample]:
+        """Stop the given (default: all) queued or running sequences; returns their partial samples
+        (finish_reason 'abort'), which `resume` on any engine with the same weights continues."""
+        wanted = None if ids is None else set(ids)
+        if wanted is not None:
+            unknown = wanted - self._known
+            if unknown:
+                raise PoiseError(f"abort: sample ids {sorted(unknown)} are neither queued nor running here "
+                                 "(finished samples were already delivered)")
+        now = self.clock()
+        partials = []
+        for seq in [self._slots[s] for s in sorted(self._slots)] + list(self._queue):
+            if wanted is None or seq.sample_id in wanted:
+                partials.append(self._retire(seq, "abort", now))
+        self._queue = deque(seq for seq in self._queue if seq.sample_id in self._known)
+        return sorted(partials, key=lambda s: s.sample_id)
+
+    def resume(self, partials: Iterable[Sample]) -> None:
+        """Queue partial samples (from `abort` on this or another engine) to continue, ahead of
+        new requests. The continued sample equals the one an uninterrupted run produces."""
+        seqs = []
+        for partial in partials:
+            if partial.finish_reason != "abort":
+                raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
+                                                      "aborted partial samples can be resumed")
+            if partial.token_ids and partial.weights_version != self.version:
+                raise RequestError(partial.sample_id, f"was generated under weights version "
+                                                      f"{partial.weights_version} but this engine holds version "
+                                                      f"{self.version}; resume it where the weights match")
+            seq = self._admit_check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
+                                    list(partial.token_ids))
+            seq.logprobs = list(partial.logprobs)
+            seq.submit_time = partial.submit_time
+            seqs.append(seq)
+        self._queue.extendleft(reversed(seqs))

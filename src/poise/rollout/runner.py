@@ -1,0 +1,172 @@
+"""Forward passes of an HF Llama/Qwen2 decoder against the engine's own slot KV cache.
+
+The runner calls the model's own modules (embedding, norms, q/k/v/o projections, rotary
+embedding, MLP, lm_head), so the math is the transformers math and the parameters keep their
+HF names; only attention and the cache are ours. One call mixes decode rows (one new token for
+each of several slots) and prefill segments (a whole prompt for one slot each): every token-wise
+operation runs once over all tokens of the step flattened to [N, hidden], and attention runs
+once for the decode rows plus once per prefill segment. Mixing prefill into the decode step
+keeps an admission from costing a whole extra forward (Sarathi-style piggybacking).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from poise.errors import PoiseError
+from poise.rollout.kv_cache import CacheShape, KVCache
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+@dataclass
+class StepInputs:
+    """What one forward computes.
+
+    decode_*: one row per decoding slot, in increasing slot order; the row's token is written to
+    the cache at `decode_positions` and attends to positions [0, position] of its slot.
+    prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
+    Decode attention covers slots [attend_lo, attend_hi) and cache positions [0, attend_len).
+    """
+
+    decode_slots: list[int] = field(default_factory=list)
+    decode_tokens: list[int] = field(default_factory=list)
+    decode_positions: list[int] = field(default_factory=list)
+    prefills: list[tuple[int, list[int]]] = field(default_factory=list)
+    attend_lo: int = 0
+    attend_hi: int = 0
+    attend_len: int = 0
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DecoderRunner:
+    """Runs `model` (a transformers LlamaForCausalLM / Qwen2ForCausalLM) over a `KVCache`."""
+
+    def __init__(self, model: torch.nn.Module):
+        config = model.config
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise PoiseError(f"rollout engine supports model types {SUPPORTED_MODEL_TYPES}, got {model_type!r}; "
+                             "load a Llama- or Qwen2-family checkpoint")
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types):
+            raise PoiseError(f"model uses attention layer types {sorted(set(layer_types))}; the engine supports "
+                             "full attention only (set use_sliding_window: false)")
+        self.model = model
+        self.decoder = model.model
+        self.layers = list(self.decoder.layers)
+        first = self.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.group = self.num_heads // self.num_kv_heads  # query heads per key/value head
+        self.scale = first.scaling
+        self.vocab_size = config.vocab_size
+        self.max_positions = config.max_position_embeddings
+        self.dtype = model.lm_head.weight.dtype
+        self.device = model.lm_head.weight.device
+
+    def cache_shape(self, slots: int, context: int) -> CacheShape:
+        return CacheShape(len(self.layers), slots, self.num_kv_heads, context, self.head_dim)
+
+    def _ids(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
+        """Logits [rows, vocab] (float32): decode rows first, then each prefill's last token."""
+        n_decode = len(step.decode_slots)
+        seg_lengths = [len(tokens) for _, tokens in step.prefills]
+        tokens = list(step.decode_tokens)
+        positions = list(step.decode_positions)
+        for _, seg in step.prefills:
+            tokens.extend(seg)
+            positions.extend(range(len(seg)))
+        token_ids = self._ids(tokens)
+        position_ids = self._ids(positions)
+        n = len(tokens)
+
+        x = self.decoder.embed_tokens(token_ids)
+        cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
+        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+
+        if n_decode:
+            dec_slots = self._ids(step.decode_slots)
+            dec_pos = position_ids[:n_decode]
+            n_attend = step.attend_hi - step.attend_lo
+            # dense: the decode rows are exactly the attended slots, in order (no scatter needed)
+            dense = n_decode == n_attend and step.decode_slots[0] == step.attend_lo
+            attend_pos, rel = dec_pos, None
+            if not dense:
+                rel = dec_slots - step.attend_lo
+                attend_pos = torch.zeros(n_attend, dtype=torch.int64, device=self.device).index_copy_(0, rel, dec_pos)
+            key_pos = torch.arange(step.attend_len, device=self.device)
+            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current
+            decode_mask = (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
+
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)
+            k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+
+            parts = []
+            if n_decode:
+                cache.write_tokens(index, dec_slots, dec_pos, k[:n_decode], v[:n_decode])
+                parts.append(self._decode_attention(q[:n_decode], cache, index, step, rel, decode_mask))
+            start = n_decode
+            for (slot, _), length in zip(step.prefills, seg_lengths):
+                stop = start + length
+                cache.write_prefix(index, slot, k[start:stop], v[start:stop])
+                parts.append(self._prefill_attention(q[start:stop], k[start:stop], v[start:stop]))
+                start = stop
+            attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+            x = x + attn.o_proj(attn_out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+
+        if step.prefills:
+            last = [n_decode + sum(seg_lengths[: i + 1]) - 1 for i in range(len(seg_lengths))]
+            rows = torch.cat([torch.arange(n_decode, device=self.device), self._ids(last)])
+            x = x.index_select(0, rows)
+        return self.model.lm_head(self.decoder.norm(x)).float()
+
+    def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
+                          rel: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+        """q: [n_decode, heads, head_dim] -> [n_decode, heads * head_dim].
+
+        rel: [n_decode] row -> attended slot offset, or None when the rows are the attended slots.
+        mask: [attended slots, 1, 1, attend_len] bool, True where a slot may attend.
+        """
+        lo, hi, length = step.attend_lo, step.attend_hi, step.attend_len
+        n_attend = hi - lo
+        if rel is None:
+            q_slots = q
+        else:
+            q_slots = q.new_zeros((n_attend, self.num_heads, self.head_dim)).index_copy_(0, rel, q)
+        # GQA without copying the cache: the `group` query heads that share a key/value head become
+        # `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
+        q_slots = q_slots.view(n_attend, self.num_kv_heads, self.group, self.head_dim)
+        keys = cache.keys[layer][lo:hi, :, :length]
+        values = cache.values[layer][lo:hi, :, :length]
+        out = F.scaled_dot_product_attention(q_slots, keys, values, attn_mask=mask, scale=self.scale)
+        out = out.reshape(n_attend, self.num_heads * self.head_dim)
+        if rel is not None:
+            out = out.index_select(0, rel)
+        return out
+
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention of one prompt. q: [L, heads, d]; k, v: [L, kv_heads, d] -> [L, heads * d]."""
+        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                             v.transpose(0, 1)[None], is_causal=True, scale=self.scale,
+                                             enable_gqa=self.group > 1)
+        return out[0].transpose(0, 1).reshape(q.shape[0], self.num_heads * self.head_dim)
