@@ -89,6 +89,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
 
 def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:
     """Save in HF format with safetensors weights (and the char tokenizer's marker file)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar inside our own display
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(path), safe_serialization=True)

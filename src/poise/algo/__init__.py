@@ -1,0 +1,1 @@
+"""RL algorithms as small pure tensor functions (advantages, policy losses, KL)."""

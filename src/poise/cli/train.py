@@ -1,0 +1,45 @@
+"""`poise train [CONFIG] [key=value ...] [--resume RUN_DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from poise.errors import PoiseError
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); optional with --resume")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=3e-4 run.steps=20")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+
+
+def run(args: argparse.Namespace) -> int:
+    from poise.config import load_train_config
+
+    overrides = list(args.overrides)
+    config_path = args.config
+    if config_path is not None and "=" in config_path and not Path(config_path).exists():
+        overrides.insert(0, config_path)  # `poise train key=value` without a file
+        config_path = None
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise PoiseError(f"--resume {args.resume}: no config.yaml there; point it at a run directory")
+        if config_path is not None:
+            raise PoiseError("--resume takes its config from the run directory; drop the CONFIG argument")
+        config_path = saved
+        overrides.append(f"run.dir={args.resume}")
+    cfg = load_train_config(config_path, overrides)
+
+    from poise.train.colocated import train_colocated
+
+    rows = train_colocated(cfg, resume=bool(args.resume))
+    if rows:
+        first = rows[: min(5, len(rows))]
+        last = rows[-min(5, len(rows)):]
+        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+        print(f"poise: {len(rows)} steps in {cfg.run.dir}; reward {mean(first):.3f} (first 5) -> "
+              f"{mean(last):.3f} (last 5)", file=sys.stderr)
+    return 0

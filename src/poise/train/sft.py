@@ -1,0 +1,60 @@
+"""Supervised warm start: teach the tiny model the built-in tasks' reference answers.
+
+RL then starts from a policy that solves some prompts but not most. SFT draws its own prompt
+stream (seed `model.sft.seed`), so RL prompts are not memorised answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from poise.config import DataConfig, ModelConfig
+from poise.data.tasks import TaskSource, derive_seed
+from poise.data.tokenizer import CharTokenizer
+from poise.model.loading import build_tiny, save_model
+from poise.train.progress import StepProgress
+from poise.train.setup import encode_answer, encode_prompt
+
+
+def sft_loss(model: torch.nn.Module, prompts: list[list[int]], answers: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over answer tokens (prompt tokens are not trained)."""
+    seqs = [p + a for p, a in zip(prompts, answers)]
+    longest = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), longest), pad_id, dtype=torch.long)
+    labels = torch.full((len(seqs), longest), -100, dtype=torch.long)
+    attn = torch.zeros((len(seqs), longest), dtype=torch.long)
+    for b, (p, a) in enumerate(zip(prompts, answers)):
+        ids[b, :len(p) + len(a)] = torch.tensor(p + a)
+        attn[b, :len(p) + len(a)] = 1
+        labels[b, len(p):len(p) + len(a)] = torch.tensor(a)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                             ignore_index=-100)
+
+
+def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, out_dir: Path, threads: int = 1,
+            progress: bool = True) -> Path:
+    torch.set_num_threads(threads)
+    cfg = model_cfg.sft
+    tokenizer = CharTokenizer()
+    model = build_tiny(model_cfg.tiny, tokenizer.vocab_size, cfg.seed, tokenizer.eos_id, tokenizer.pad_id,
+                       tokenizer.bos_id)
+    source = TaskSource(derive_seed("sft", cfg.seed), data_cfg.phases or None, pool_size=max(4096, cfg.batch_size))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=False)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / 20))
+    model.train()
+    with StepProgress("sft", cfg.steps, enabled=progress) as bar:
+        for step in range(cfg.steps):
+            problems = source.prompts_for_step(step, cfg.batch_size)
+            loss = sft_loss(model, [encode_prompt(tokenizer, p) for p in problems],
+                            [encode_answer(tokenizer, p) for p in problems], tokenizer.pad_id)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            bar.advance(loss=float(loss))
+    save_model(model, out_dir, tokenizer)
+    return out_dir

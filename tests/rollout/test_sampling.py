@@ -1,0 +1,56 @@
+import torch
+
+from poise.rollout.sampling import SamplingConfig, filtered_logprobs, sample_keys, sample_next
+
+
+def _ids(rows):
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def test_keys_depend_on_every_part_of_the_sample_id_and_position():
+    base = sample_keys(7, _ids([[1, 2, 3]]), torch.tensor([4]))
+    for ids, pos, seed in [([[0, 2, 3]], 4, 7), ([[1, 0, 3]], 4, 7), ([[1, 2, 0]], 4, 7), ([[1, 2, 3]], 5, 7),
+                           ([[1, 2, 3]], 4, 8)]:
+        assert not torch.equal(sample_keys(seed, _ids(ids), torch.tensor([pos])), base)
+
+
+def test_a_rows_token_does_not_depend_on_its_batch():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 50, generator=gen)
+    ids = _ids([[0, i, i % 3] for i in range(32)])
+    pos = torch.arange(32) % 5
+    cfg = SamplingConfig(temperature=0.9, top_p=0.9, top_k=20)
+    full, full_lp = sample_next(logits, 1, ids, pos, cfg)
+    perm = torch.randperm(32, generator=gen)
+    shuffled, shuffled_lp = sample_next(logits[perm], 1, ids[perm], pos[perm], cfg)
+    assert torch.equal(shuffled, full[perm]) and torch.equal(shuffled_lp, full_lp[perm])
+    for i in (0, 13, 31):
+        one, one_lp = sample_next(logits[i:i + 1], 1, ids[i:i + 1], pos[i:i + 1], cfg)
+        assert one.item() == full[i].item() and one_lp.item() == full_lp[i].item()
+
+
+def test_sampling_follows_the_distribution():
+    n = 40000
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(n, 1)
+    ids = torch.stack([torch.zeros(n, dtype=torch.long), torch.arange(n), torch.zeros(n, dtype=torch.long)], 1)
+    tokens, _ = sample_next(logits, 3, ids, torch.zeros(n, dtype=torch.long), SamplingConfig())
+    freq = torch.bincount(tokens, minlength=4).float() / n
+    assert torch.allclose(freq, probs, atol=0.01)
+
+
+def test_top_p_and_top_k_filter_by_hand():
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    kept_p = torch.isfinite(filtered_logprobs(logits, SamplingConfig(top_p=0.7)))
+    assert kept_p.tolist() == [[True, True, False, False]]  # 0.5 < 0.7, 0.5 + 0.3 reaches it
+    kept_k = torch.isfinite(filtered_logprobs(logits, SamplingConfig(top_k=3)))
+    assert kept_k.tolist() == [[True, True, True, False]]
+
+
+def test_greedy_and_logprobs_are_of_the_tempered_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    tok, lp = sample_next(logits, 0, _ids([[0, 0, 0]]), torch.tensor([0]), SamplingConfig(temperature=0))
+    assert tok.item() == 0
+    assert lp.item() == torch.log_softmax(logits, -1)[0, 0].item()
+    tok2, lp2 = sample_next(logits, 0, _ids([[0, 0, 0]]), torch.tensor([0]), SamplingConfig(temperature=2.0))
+    assert lp2.item() == torch.log_softmax(logits / 2.0, -1)[0, tok2.item()].item()

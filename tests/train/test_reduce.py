@@ -1,0 +1,47 @@
+import itertools
+
+import pytest
+import torch
+
+from poise.train.reduce import aligned_nodes, combine, node_sum, tree_sum
+
+
+def _split_sum(values, cuts, add):
+    m = len(values)
+    bounds = [0, *cuts, m]
+    nodes = {}
+    for lo, hi in zip(bounds, bounds[1:]):
+        for node in aligned_nodes(lo, hi, m):
+            nodes[node] = node_sum(node, m, values.__getitem__, add)
+    return combine(nodes, m, add)
+
+
+@pytest.mark.parametrize("m", range(1, 14))
+def test_any_contiguous_split_reduces_in_the_same_order(m):
+    add = lambda a, b: f"({a}+{b})"  # noqa: E731 - the expression records the order of additions
+    leaves = [str(i) for i in range(m)]
+    reference = tree_sum(leaves, add)
+    for parts in range(1, min(4, m) + 1):
+        for cuts in itertools.combinations(range(1, m), parts - 1):
+            assert _split_sum(leaves, cuts, add) == reference
+
+
+def test_float_sums_are_bitwise_equal_across_device_counts():
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(1000, generator=gen) * 10 ** float(i % 7) for i in range(11)]
+    add = lambda a, b: a + b  # noqa: E731
+    one = tree_sum(grads, add)
+    for devices in (2, 3, 4, 5):
+        size = -(-len(grads) // devices)
+        cuts = [i * size for i in range(1, devices) if i * size < len(grads)]
+        assert torch.equal(_split_sum(grads, cuts, add), one)
+    # and the tree order really differs from a left fold, so the test can fail
+    left_fold = grads[0]
+    for g in grads[1:]:
+        left_fold = left_fold + g
+    assert not torch.equal(left_fold, one)
+
+
+def test_missing_micro_batch_fails_loudly():
+    with pytest.raises(KeyError, match="micro-batch 2"):
+        combine({(1, 0): 1.0}, 3, lambda a, b: a + b)
