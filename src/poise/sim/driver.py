@@ -1,0 +1,401 @@
+"""The simulated driver: the RL step loop on a virtual clock, with emulated rollout instances
+and trainer, calling the same policy objects the runtime calls (allocator, dispatcher, ranker,
+resize controller).
+
+One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it uses):
+
+    weights  sync/stream: step k generates with weights version k (needs train k-1 + sync);
+             async: with version k-1 (needs train k-2 + sync), so generation of step k overlaps
+             training of step k-1 (StreamRL §4.1, one-step staleness).
+    generate dispatcher.plan -> each instance runs continuous batching (policy.cost kernel);
+             every sample's finish time is exact on the virtual clock.
+    train    sync/async: starts when the whole batch has arrived. stream: micro-batches (by
+             prompt index, never by arrival: DESIGN.md invariant 3) are trained as soon as all
+             their samples are in; the optimizer step follows the last one.
+    resize   the controller observes the step and may return a resize. The pipeline drains
+             (in async, the in-flight generation of step k+1 finishes on the old split: the
+             paper's "mixed step"), the critical-path phases block it, and the next train and
+             generation run on the new split; a live resize's deferred optimizer restore
+             overlaps the first train step and its optimizer step waits on it (§3.3).
+
+Departure from DESIGN.md: a live rollout->train switch there aborts in-flight sequences and
+re-dispatches them as partial samples; here the resize waits for the in-flight generation to
+drain instead, which costs the simulated resize a little more, never less.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from poise.policy.allocator import StepWorkload, allocate
+from poise.policy.controller import Decision, ResizeController, StepObservation
+from poise.policy.cost import CostModel, instance_finish_times, percentile
+from poise.policy.dispatch import InstanceInfo, make_dispatcher
+from poise.policy.rankers import Finished, Prompt, make_ranker
+from poise.policy.split import Split, all_splits, parse_splits
+from poise.runlog import RunLog
+from poise.schema import dump, to_dict
+from poise.sim.scenario import ScenarioConfig
+from poise.sim.workload import SimSample, _seed, make_workload
+
+
+class _NullLog:
+    def event(self, kind: str, t: float, **fields: Any) -> None:
+        pass
+
+    def metrics(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def make_cost(sc: ScenarioConfig) -> CostModel:
+    """The scenario's cost model; reads `cost.profile` JSON if one is named."""
+    if sc.cost.profile:
+        import json
+
+        from poise.errors import PoiseError
+
+        path = Path(sc.cost.profile)
+        if not path.is_file():
+            raise PoiseError(f"cost.profile '{path}' does not exist; write one with `poise profile`")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PoiseError(f"cost.profile '{path}' is not JSON ({e}); rerun `poise profile`") from None
+        return CostModel.from_profile(data, sc.cost)
+    return CostModel(sc.cost)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    split: Split
+    gen_start: float
+    gen_end: float
+    train_start: float
+    train_end: float
+    rollout_s: float
+    train_s: float
+    sync_s: float
+    step_s: float
+    tokens: int
+    resize_s: float = 0.0
+
+
+@dataclass
+class Summary:
+    scenario: str
+    mode: str
+    steps: int
+    total_s: float
+    output_tokens: int
+    tokens_per_s: float
+    step_s_mean: float
+    step_s_median: float
+    rollout_s_mean: float
+    train_s_mean: float
+    idle_fraction: dict[str, float]
+    initial_split: list[int]
+    final_split: list[int]
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    break_even_steps: float | None = None  # predicted by the controller, first resize
+    break_even_steps_measured: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class Simulation:
+    """Runs one scenario; `run()` returns a Summary and (with a run_dir) writes the run log."""
+
+    def __init__(self, sc: ScenarioConfig, run_dir: str | Path | None = None):
+        self.sc = sc
+        self.cost = make_cost(sc)
+        self.workload = make_workload(sc.workload, sc.seed)
+        c = sc.cluster
+        self.tp = c.devices_per_instance
+        self.sync_s = self.cost.sync_s()
+        first = self.workload.step(0)
+        self.prompt_len = _mean_prompt_len(first)
+        self.split = sc.initial_split()
+        self.batch_cap = c.batch_cap
+        if self.split is None:
+            alloc = allocate(self.cost, StepWorkload(tuple(s.output_length for s in first), self.prompt_len),
+                             c.devices, sc.mode, self.tp, c.batch_caps or (c.batch_cap,),
+                             parse_splits(sc.resize.allowed_splits) or None, c.micro_batches)
+            self.split, self.batch_cap = alloc.split, alloc.batch_cap
+        self._oracle: dict[str, float] = {}
+        self.ranker = make_ranker(sc.dispatch.ranker, random.Random(_seed("ranker", sc.seed)),
+                                  lambda p: self._oracle[p.prompt_id])
+        d = sc.dispatch
+        self.dispatcher = make_dispatcher(d.policy, random.Random(_seed("dispatch", sc.seed)), self.ranker,
+                                          self.cost, self.prompt_len, d.long_tail_fraction,
+                                          d.tail_batch_cap, d.tail_instances)
+        self.controller: ResizeController | None = None
+        if sc.resize.policy == "dynamic":
+            allowed = parse_splits(sc.resize.allowed_splits) or tuple(all_splits(c.devices, self.tp))
+            self.controller = ResizeController(sc.controller, self.cost, sc.mode, sc.resize.mode,
+                                               allowed, self.tp, self.batch_cap, c.micro_batches)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.log: RunLog | _NullLog = RunLog(self.run_dir) if self.run_dir else _NullLog()
+        self.records: list[StepRecord] = []
+        self.decisions: list[Decision] = []
+        self.resizes: list[dict[str, Any]] = []
+        self._busy = {"rollout": 0.0, "train": 0.0}
+        self._role_time = {"rollout": 0.0, "train": 0.0}
+
+    # --- the driver loop ------------------------------------------------------------------
+    def run(self) -> Summary:
+        sc = self.sc
+        if self.run_dir:
+            dump(sc, self.run_dir / "config.yaml")
+        initial = self.split
+        train_end: list[float] = []
+        gen_free = 0.0  # rollout instances free (previous generation or a resize done)
+        train_free = 0.0  # train devices free
+        bg_ready = 0.0  # deferred optimizer restore of a live resize done
+        pending: Decision | None = None
+        for k in range(sc.steps):
+            samples = self.workload.step(k)
+            version = max(k - 1, 0) if sc.mode == "async" else k
+            ready = train_end[version - 1] + self.sync_s if version >= 1 else 0.0
+            if pending is not None and sc.mode != "async":  # nothing in flight: resize now
+                end, bg_ready = self._resize(pending, train_end[-1], k)
+                gen_free = train_free = end
+                ready = max(ready, end + self.sync_s)
+                pending = None
+            gen_start = max(ready, gen_free)
+            finish, instance_of = self.generate(k, samples, gen_start)
+            gen_end = max(finish)
+            gen_free = gen_end
+            if pending is not None:  # async: step k's generation drained on the old split
+                end, bg_ready = self._resize(pending, max(train_end[-1], gen_end), k)
+                gen_free = train_free = end
+                pending = None
+            train_start, t_end, train_busy = self.train(samples, finish, gen_end, train_free, bg_ready)
+            train_free = t_end
+            prev = train_end[-1] if train_end else 0.0
+            train_end.append(t_end)
+            rec = StepRecord(k, self.split, gen_start, gen_end, train_start, t_end, gen_end - gen_start,
+                             train_busy, self.sync_s, t_end - prev,
+                             sum(s.output_length for s in samples))
+            self.records.append(rec)
+            self._account(rec)
+            self._log_step(rec, samples, finish, instance_of, version)
+            decision = self.maybe_resize(rec, samples)
+            if decision is not None and decision.action == "resize":
+                pending = decision
+        summary = self.summary(initial)
+        self.log.close()
+        if self.run_dir:
+            import json
+
+            (self.run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=1))
+        return summary
+
+    # --- phases ---------------------------------------------------------------------------
+    def generate(self, k: int, samples: list[SimSample], start: float) -> tuple[list[float], list[int]]:
+        """Dispatch step k's samples and run every instance's continuous batching from `start`."""
+        by_prompt: dict[str, list[int]] = {}
+        for s in samples:
+            by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
+        self._oracle = {pid: sum(v) / len(v) for pid, v in by_prompt.items()}
+        n_inst = self.split.rollout // self.tp
+        plan = self.dispatcher.plan([s.prompt for s in samples],
+                                    [InstanceInfo(i, self.batch_cap) for i in range(n_inst)])
+        queues: dict[int, list[int]] = {i: [] for i in range(n_inst)}
+        for req, inst in plan.order:
+            queues[inst].append(req)
+        finish = [0.0] * len(samples)
+        instance_of = [0] * len(samples)
+        for inst, reqs in queues.items():
+            times = instance_finish_times(self.cost, [samples[r].output_length for r in reqs],
+                                          [samples[r].prompt_len for r in reqs], plan.batch_caps[inst], start)
+            for r, t in zip(reqs, times):
+                finish[r] = t
+                instance_of[r] = inst
+            if reqs:
+                end = max(times)
+                self._busy["rollout"] += (end - start) * self.tp
+                self._interval_instance(inst, "rollout", "generate", k, start, end)
+        if plan.tail_instances or self.sc.dispatch.policy == "skew_aware":
+            self.log.event("decision", start, what="dispatch", step=k, reason=plan.reason,
+                           tail_instances=list(plan.tail_instances))
+        self.ranker.observe([Finished(s.prompt, s.output_length) for s in samples])
+        return finish, instance_of
+
+    def train(self, samples: list[SimSample], finish: list[float], gen_end: float, free: float,
+              bg_ready: float) -> tuple[float, float, float]:
+        """Train step on `self.split.train` devices; returns (start, end, busy seconds)."""
+        t_dev = self.split.train
+        cost = self.cost
+        fixed = cost.train_fixed_s(t_dev)
+        k = samples[0].sample_id[0]
+        if self.sc.mode == "stream":
+            m = self.sc.cluster.micro_batches
+            n_prompts = max(s.sample_id[1] for s in samples) + 1
+            ready = [0.0] * m
+            tokens = [0] * m
+            for s, f in zip(samples, finish):
+                j = s.sample_id[1] * m // n_prompts  # micro-batch by prompt index
+                ready[j] = max(ready[j], f)
+                tokens[j] += s.output_length + s.prompt_len
+            t = start = free
+            busy = 0.0
+            first = None
+            for j in sorted(range(m), key=lambda j: (ready[j], j)):
+                if tokens[j] == 0:
+                    continue
+                begin = max(t, ready[j])
+                first = begin if first is None else first
+                dt = cost.train_compute_s(tokens[j], t_dev)
+                t = begin + dt
+                busy += dt
+                self._interval_train(k, "train_microbatch", begin, t)
+            start = first if first is not None else free
+        else:
+            start = max(gen_end, free)
+            busy = cost.train_compute_s(sum(s.output_length + s.prompt_len for s in samples), t_dev)
+            t = start + busy
+            self._interval_train(k, "train", start, t)
+        opt_start = max(t, bg_ready)
+        end = opt_start + fixed
+        self._interval_train(k, "optimizer_step", opt_start, end)
+        busy += fixed
+        self._busy["train"] += busy * t_dev
+        return start, end, busy
+
+    def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> Decision | None:
+        if self.controller is None:
+            return None
+        obs = StepObservation(rec.step, rec.train_end, rec.split, rec.rollout_s, rec.train_s, rec.step_s,
+                              tuple(s.output_length for s in samples), self.prompt_len)
+        decision = self.controller.observe(obs)
+        self.decisions.append(decision)
+        if decision.action == "resize" or decision.signal:
+            self.log.event("decision", rec.train_end, **decision.event_fields())
+        return decision
+
+    def _resize(self, decision: Decision, start: float, step: int) -> tuple[float, float]:
+        """Apply a resize from `start`; returns (critical path end, background restore end)."""
+        old, new = self.split, decision.to_split
+        price = self.cost.resize(self.sc.resize.mode)
+        moving = range(min(old.rollout, new.rollout), max(old.rollout, new.rollout))
+        t = start
+        phases = {}
+        for name, seconds in price.phases:
+            for dev in moving:
+                self._interval(dev, "resize", name, step, t, t + seconds)
+            phases[name] = seconds
+            t += seconds
+        bg_end = t
+        if new.train > old.train:  # devices joining the trainer restore optimizer state (§3.3)
+            for name, seconds in price.background:
+                for dev in moving:
+                    self._interval(dev, "resize", name, step, bg_end, bg_end + seconds, background=True)
+                bg_end += seconds
+        self.log.event("resize", start, step=step, from_split=old.as_list(), to_split=new.as_list(),
+                       mode=price.mode, phases=phases, critical_path_s=price.critical_path_s,
+                       background_s=bg_end - t, start=start, end=t)
+        self.resizes.append({"step": step, "at_s": start, "from": old.as_list(), "to": new.as_list(),
+                             "mode": price.mode, "critical_path_s": price.critical_path_s,
+                             "reason": decision.reason, "break_even_steps": decision.break_even_steps,
+                             "decided_after_step": decision.step})
+        self.split = new
+        return t, bg_end
+
+    # --- logging and accounting -------------------------------------------------------------
+    def _interval(self, device: int, role: str, phase: str, step: int, start: float, end: float,
+                  **extra: Any) -> None:
+        if self.sc.log.intervals != "none" and end > start:
+            self.log.event("interval", end, device=device, role=role, phase=phase, step=step,
+                           start=start, end=end, **extra)
+
+    def _interval_instance(self, inst: int, role: str, phase: str, step: int, start: float, end: float) -> None:
+        mode = self.sc.log.intervals
+        if mode == "device":
+            for d in range(inst * self.tp, (inst + 1) * self.tp):
+                self._interval(d, role, phase, step, start, end)
+        elif mode == "instance":
+            self._interval(inst * self.tp, role, phase, step, start, end, devices=self.tp)
+
+    def _interval_train(self, step: int, phase: str, start: float, end: float) -> None:
+        mode = self.sc.log.intervals
+        first = self.split.rollout
+        if mode == "device":
+            for d in range(first, first + self.split.train):
+                self._interval(d, "train", phase, step, start, end)
+        elif mode == "instance":
+            self._interval(first, "train", phase, step, start, end, devices=self.split.train)
+
+    def _account(self, rec: StepRecord) -> None:
+        self._role_time["rollout"] += rec.split.rollout * rec.step_s
+        self._role_time["train"] += rec.split.train * rec.step_s
+
+    def _log_step(self, rec: StepRecord, samples: list[SimSample], finish: list[float],
+                  instance_of: list[int], version: int) -> None:
+        lens = [s.output_length for s in samples]
+        if self.sc.log.samples:
+            for s, f, inst in zip(samples, finish, instance_of):
+                self.log.event("sample", f, id=list(s.sample_id), step=rec.step, prompt_id=s.prompt.prompt_id,
+                               output_length=s.output_length, weights_version=version, instance=inst,
+                               submit=rec.gen_start, finish=f)
+        start = rec.train_end - rec.step_s
+        self.log.event("step", rec.train_end, step=rec.step, start=start, end=rec.train_end,
+                       rollout_s=rec.rollout_s, train_s=rec.train_s, sync_s=rec.sync_s, reward_mean=None,
+                       tokens=rec.tokens, split=rec.split.as_list())
+        self.log.metrics({
+            "step": rec.step, "reward_mean": None, "response_len_mean": sum(lens) / len(lens),
+            "response_len_p50": percentile(lens, 0.5), "response_len_p99": percentile(lens, 0.99),
+            "response_len_max": max(lens), "step_s": rec.step_s,
+            "phases": {"rollout": rec.rollout_s, "train": rec.train_s, "sync": rec.sync_s},
+            "tokens_per_s": rec.tokens / rec.step_s if rec.step_s > 0 else None,
+            "split": rec.split.as_list(), "time_s": rec.train_end,
+        })
+
+    def summary(self, initial: Split) -> Summary:
+        recs = self.records
+        total = recs[-1].train_end
+        tokens = sum(r.tokens for r in recs)
+        steps = [r.step_s for r in recs]
+        idle = {role: (1.0 - self._busy[role] / self._role_time[role]) if self._role_time[role] else 0.0
+                for role in ("rollout", "train")}
+        s = Summary(self.sc.name, self.sc.mode, len(recs), total, tokens, tokens / total,
+                    statistics.fmean(steps), statistics.median(steps),
+                    statistics.fmean(r.rollout_s for r in recs), statistics.fmean(r.train_s for r in recs),
+                    idle, initial.as_list(), self.split.as_list(), list(self.resizes))
+        if self.resizes:
+            first = self.resizes[0]
+            s.break_even_steps = first["break_even_steps"]
+            s.break_even_steps_measured = measured_break_even(steps, first["decided_after_step"],
+                                                              first["critical_path_s"])
+        return s
+
+
+def measured_break_even(step_s: list[float], decided_after: int, cost_s: float, window: int = 5) -> float | None:
+    """Resize cost over the measured per-step gain: median step time of the `window` steps up to
+    the decision minus that of the `window` steps after the step that absorbed the resize."""
+    before = step_s[max(0, decided_after - window + 1): decided_after + 1]
+    after = step_s[decided_after + 2: decided_after + 2 + window]
+    if not before or not after:
+        return None
+    gain = statistics.median(before) - statistics.median(after)
+    return cost_s / gain if gain > 0 else math.inf
+
+
+def _mean_prompt_len(samples: list[SimSample]) -> int:
+    return int(round(sum(s.prompt_len for s in samples) / len(samples))) if samples else 0
+
+
+def simulate(sc: ScenarioConfig, run_dir: str | Path | None = None) -> Summary:
+    return Simulation(sc, run_dir).run()
+
+
+__all__ = ["Simulation", "Summary", "StepRecord", "simulate", "make_cost", "measured_break_even", "to_dict"]
