@@ -430,3 +430,71 @@ class Engine:
             seq.submit_time = partial.submit_time
             seqs.append(seq)
         self._queue.extendleft(reversed(seqs))
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The engine's weights under their HF names (what `load_weights` expects)."""
+        return self.model.named_parameters()
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     version: int) -> None:
+        """Replace every parameter by name, between steps; samples after it carry `version`.
+
+        All names and shapes are checked before anything is copied, so a missing, unknown or
+        mis-shaped tensor raises WeightsError naming it and the engine keeps its old weights and
+        keeps serving. Copies go in buckets of at most `weight_bucket_mb`: only one bucket is
+        staged on the engine's device (cast to its dtype) at a time. Tied aliases (e.g.
+        `lm_head.weight` tied to the embedding) may be sent or left out.
+        """
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        params = dict(self.model.named_parameters())
+        aliases = {name: tensor for name, tensor in self.model.state_dict(keep_vars=True).items()
+                   if name not in params and any(tensor is p for p in params.values())}
+        seen: set[str] = set()
+        for name, tensor in items:
+            target = params.get(name, aliases.get(name))
+            if target is None:
+                close = sorted(params)[:3]
+                raise WeightsError(name, f"is not a parameter of this {self.model.config.model_type} model "
+                                         f"(its names look like {close}); send the trainer's named_parameters()")
+            if not isinstance(tensor, torch.Tensor):
+                raise WeightsError(name, f"expected a torch.Tensor, got {type(tensor).__name__}")
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise WeightsError(name, f"has shape {tuple(tensor.shape)} but the engine's model needs "
+                                         f"{tuple(target.shape)}; the checkpoints' configs differ")
+            if name in seen:
+                raise WeightsError(name, "was sent twice")
+            seen.add(name)
+        missing = [name for name in params if name not in seen]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise WeightsError(missing[0], f"is missing from the update{more}; send every parameter "
+                                           "(a partial update would mix two weights versions)")
+        if not isinstance(version, int):
+            raise PoiseError(f"load_weights version must be an int, got {version!r}")
+        in_flight = self.num_running + sum(1 for seq in self._queue if seq.tokens)
+        if in_flight:
+            raise EngineBusyError(f"load_weights with {in_flight} sequences in flight would mix weights versions "
+                                  f"{self.version} and {version} in one sample; drain them (stream()) or abort "
+                                  "them first")
+        limit = int(self.cfg.weight_bucket_mb * 2**20)
+        bucket: list[tuple[torch.Tensor, torch.Tensor]] = []
+        size = 0
+        for name, tensor in items:
+            if name in aliases:
+                continue  # the tied parameter itself is in the update
+            target = params[name]
+            bucket.append((target, tensor))
+            size += target.numel() * target.element_size()
+            if size >= limit:
+                self._copy_bucket(bucket)
+                bucket, size = [], 0
+        self._copy_bucket(bucket)
+        self.version = version
+
+    @torch.no_grad()
+    def _copy_bucket(self, bucket: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        staged = [tensor.to(device=target.device, dtype=target.dtype) for target, tensor in bucket]
+        for (target, _), tensor in zip(bucket, staged):
+            target.copy_(tensor)

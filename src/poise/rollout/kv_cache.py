@@ -38,12 +38,6 @@ class KVCache:
 
     def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor,
                      keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store one token per row. slots, positions: [N] int64; keys, values: [N, kv_heads, head_dim]."""
+        """Store one token per row (decode rows and prompt tokens alike). slots, positions: [N] int64; keys, values: [N, kv_heads, head_dim]."""
         self.keys[layer][slots, :, positions] = keys
         self.values[layer][slots, :, positions] = values
-
-    def write_prefix(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Store a sequence's first L tokens. keys, values: [L, kv_heads, head_dim]."""
-        length = keys.shape[0]
-        self.keys[layer][slot, :, :length] = keys.transpose(0, 1)
-        self.values[layer][slot, :, :length] = values.transpose(0, 1)

@@ -86,30 +86,20 @@ class DecoderRunner:
         seg_lengths = [len(tokens) for _, tokens in step.prefills]
         tokens = list(step.decode_tokens)
         positions = list(step.decode_positions)
-        for _, seg in step.prefills:
+        slots = list(step.decode_slots)
+        for (slot, seg), length in zip(step.prefills, seg_lengths):
             tokens.extend(seg)
-            positions.extend(range(len(seg)))
-        token_ids = self._ids(tokens)
-        position_ids = self._ids(positions)
+            positions.extend(range(length))
+            slots.extend([slot] * length)
         n = len(tokens)
+        # one host->device transfer for all per-token indices
+        token_ids, position_ids, slot_ids = self._ids(tokens + positions + slots).view(3, n)
 
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-
-        if n_decode:
-            dec_slots = self._ids(step.decode_slots)
-            dec_pos = position_ids[:n_decode]
-            n_attend = step.attend_hi - step.attend_lo
-            # dense: the decode rows are exactly the attended slots, in order (no scatter needed)
-            dense = n_decode == n_attend and step.decode_slots[0] == step.attend_lo
-            attend_pos, rel = dec_pos, None
-            if not dense:
-                rel = dec_slots - step.attend_lo
-                attend_pos = torch.zeros(n_attend, dtype=torch.int64, device=self.device).index_copy_(0, rel, dec_pos)
-            key_pos = torch.arange(step.attend_len, device=self.device)
-            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current
-            decode_mask = (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
+        decode = self._decode_plan(step, position_ids[:n_decode], slot_ids[:n_decode]) if n_decode else None
+        prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > 1 else None
 
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -119,26 +109,53 @@ class DecoderRunner:
             v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+            cache.write_tokens(index, slot_ids, position_ids, k, v)  # every new token, one scatter
 
             parts = []
             if n_decode:
-                cache.write_tokens(index, dec_slots, dec_pos, k[:n_decode], v[:n_decode])
-                parts.append(self._decode_attention(q[:n_decode], cache, index, step, rel, decode_mask))
-            start = n_decode
-            for (slot, _), length in zip(step.prefills, seg_lengths):
-                stop = start + length
-                cache.write_prefix(index, slot, k[start:stop], v[start:stop])
-                parts.append(self._prefill_attention(q[start:stop], k[start:stop], v[start:stop]))
-                start = stop
+                parts.append(self._decode_attention(q[:n_decode], cache, index, step, *decode))
+            if seg_lengths:
+                parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
             x = x + attn.o_proj(attn_out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
 
-        if step.prefills:
-            last = [n_decode + sum(seg_lengths[: i + 1]) - 1 for i in range(len(seg_lengths))]
-            rows = torch.cat([torch.arange(n_decode, device=self.device), self._ids(last)])
-            x = x.index_select(0, rows)
+        if seg_lengths:
+            last, end = list(range(n_decode)), n_decode
+            for length in seg_lengths:
+                end += length
+                last.append(end - 1)
+            x = x.index_select(0, self._ids(last))
         return self.model.lm_head(self.decoder.norm(x)).float()
+
+    def _decode_plan(self, step: StepInputs, positions: torch.Tensor,
+                     slots: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(rel, mask) for `_decode_attention`, shared by all layers."""
+        n_attend = step.attend_hi - step.attend_lo
+        # dense: the decode rows are exactly the attended slots, in order (no scatter needed)
+        dense = len(step.decode_slots) == n_attend and step.decode_slots[0] == step.attend_lo
+        attend_pos, rel = positions, None
+        if not dense:
+            rel = slots - step.attend_lo
+            attend_pos = torch.zeros(n_attend, dtype=torch.int64, device=self.device).index_copy_(0, rel, positions)
+        key_pos = torch.arange(step.attend_len, device=self.device)
+        # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (others: position 0)
+        return rel, (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
+
+    def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
+        width = max(lengths)
+        gather, back, offset = [], [], 0
+        for i, length in enumerate(lengths):
+            # padded positions re-read the segment's first token: harmless, their outputs are dropped
+            gather.extend(offset + min(j, length - 1) for j in range(width))
+            back.extend(i * width + j for j in range(length))
+            offset += length
+        index = self._ids(gather + back)
+        pos = torch.arange(width, device=self.device)
+        valid = pos[None, :] < torch.tensor(lengths, device=self.device)[:, None]  # [segments, keys]
+        mask = (pos[None, :, None] >= pos[None, None, :]) & valid[:, None, :]  # causal & real keys
+        return index[: len(gather)], index[len(gather):], mask[:, None]
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
                           rel: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
@@ -164,9 +181,24 @@ class DecoderRunner:
             out = out.index_select(0, rel)
         return out
 
-    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Causal self-attention of one prompt. q: [L, heads, d]; k, v: [L, kv_heads, d] -> [L, heads * d]."""
-        out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                             v.transpose(0, 1)[None], is_causal=True, scale=self.scale,
+    def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                           plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Causal self-attention of each prompt alone (prompts start at position 0).
+
+        q: [T, heads, d]; k, v: [T, kv_heads, d], the prompts concatenated -> [T, heads * d].
+        """
+        if plan is None:  # one prompt: no padding
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                                 v.transpose(0, 1)[None], is_causal=True, scale=self.scale,
+                                                 enable_gqa=self.group > 1)
+            return out[0].transpose(0, 1).reshape(q.shape[0], self.num_heads * self.head_dim)
+        gather, back, mask = plan
+        segments, width = len(lengths), max(lengths)
+
+        def padded(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, gather).view(segments, width, t.shape[1], self.head_dim).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(padded(q), padded(k), padded(v), attn_mask=mask, scale=self.scale,
                                              enable_gqa=self.group > 1)
-        return out[0].transpose(0, 1).reshape(q.shape[0], self.num_heads * self.head_dim)
+        out = out.transpose(1, 2).reshape(segments * width, self.num_heads * self.head_dim)
+        return out.index_select(0, back)
