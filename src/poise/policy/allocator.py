@@ -109,11 +109,21 @@ class Allocation:
     table: tuple[tuple[Split, int, StepPrediction], ...]  # every candidate, for `poise plan`
 
 
-def allocate(cost: CostModel, work: StepWorkload, devices: int, mode: str,
+def allocate(cost: CostModel, work: StepWorkload | Sequence[StepWorkload], devices: int, mode: str,
              devices_per_instance: int = 1, batch_caps: Sequence[int] = (64,),
-             allowed: Sequence[Split] | None = None, micro_batches: int = 8) -> Allocation:
-    """The split and batch cap with the lowest predicted step time (ties: fewer rollout
-    devices, then the smaller cap, which leaves more KV-cache memory free)."""
+             allowed: Sequence[Split] | None = None, micro_batches: int = 8,
+             tolerance: float = 0.03) -> Allocation:
+    """The split and batch cap with the lowest predicted step time, averaged over the given
+    representative steps (one step's longest sample is noisy; pass a few).
+
+    Among candidates within `tolerance` of the best, the one with the most slack wins: the
+    lowest rollout + train seconds, i.e. the non-bottleneck stage has the most headroom, which
+    absorbs step-to-step variance in a pipeline (a perfectly balanced async pipeline stalls on
+    every noisy step). Remaining ties: fewer rollout devices, then the smaller batch cap, which
+    leaves more KV-cache memory free."""
+    works = [work] if isinstance(work, StepWorkload) else list(work)
+    if not works:
+        raise ConfigError("workload", [], "give at least one representative step")
     if not batch_caps or any(c < 1 for c in batch_caps):
         raise ConfigError("batch_caps", list(batch_caps), "give at least one cap >= 1, e.g. [32, 64]")
     candidates = list(allowed) if allowed else all_splits(devices, devices_per_instance)
@@ -123,7 +133,14 @@ def allocate(cost: CostModel, work: StepWorkload, devices: int, mode: str,
             raise ConfigError("allowed_splits", split.as_list(),
                               f"uses {split.devices} devices but the pool has {devices}")
         for cap in sorted(set(batch_caps)):
-            table.append((split, cap, predict_step(cost, work, split, mode, devices_per_instance,
-                                                   cap, micro_batches)))
-    best = min(table, key=lambda row: (round(row[2].step_s, 9), row[0].rollout, row[1]))
+            preds = [predict_step(cost, w, split, mode, devices_per_instance, cap, micro_batches)
+                     for w in works]
+            n = len(preds)
+            table.append((split, cap, StepPrediction(sum(p.rollout_s for p in preds) / n,
+                                                     sum(p.train_s for p in preds) / n,
+                                                     preds[0].sync_s,
+                                                     sum(p.step_s for p in preds) / n)))
+    best_s = min(row[2].step_s for row in table)
+    near = [row for row in table if row[2].step_s <= best_s * (1.0 + tolerance)]
+    best = min(near, key=lambda row: (round(row[2].rollout_s + row[2].train_s, 6), row[0].rollout, row[1]))
     return Allocation(best[0], best[1], best[2], tuple(table))

@@ -13,7 +13,8 @@ Interface (runtime driver, simulator):
 Every `Decision` carries a human-readable `reason`, the predicted gain per step, the predicted
 resize cost and the break-even step count, and is logged as a `decision` event.
 
-The signal. The cost model prices every allowed split on this step's output lengths; its stage
+The signal. The cost model prices every allowed split on each step's output lengths (averaged
+over the last `window` steps); its stage
 times are calibrated to the observed ones (observed / predicted at the current split), so a
 model that is wrong by a constant factor still ranks splits correctly. The signal is the
 relative gain of the best split over the current one. The paper's signal is the raw
@@ -23,11 +24,13 @@ the slower stage) and also right for sync, where balancing stages is not the goa
 The filters, in the order they are applied (each can hold the split, with its reason):
   cooldown     no resize within `cooldown_steps` steps of the previous one
   threshold    predicted gain below `threshold` of the current step time: balanced
-  consecutive  the same target must be signalled `consecutive` steps in a row
+  consecutive  the signal must point the same way (more rollout / more train) `consecutive`
+               steps in a row; the target is the best split at the last one
   dwell        ... and the signal must have lasted `dwell_s` seconds of run time
   break-even   gain per step x expected persistence must exceed the resize cost
-Expected persistence: how many more steps the current regime (run of steps with the same best
-split) will last. Before any regime has ended it is `persistence_prior_steps`; after, it is
+Expected persistence: how many more steps the current regime will last. A regime is a run of
+steps over which the same split stays within `threshold` of the best one (so near-ties between
+two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`; after, it is
 the mean length of the ended regimes minus this one's age. Departure from the paper, which
 sets a >10-step cooldown from the measured break-even of its one workload (the circularity its
 reviewers flagged): ours checks break-even against the workload's own observed persistence.
@@ -35,6 +38,7 @@ reviewers flagged): ours checks break-even against the workload's own observed p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -53,6 +57,7 @@ class ControllerConfig:
     cooldown_steps: int = help_field(10, "steps after a resize during which no resize happens")
     break_even: bool = help_field(True, "resize only if gain/step x expected persistence exceeds "
                                   "the predicted resize cost")
+    window: int = help_field(3, "steps whose predictions are averaged (smooths one step's tail)")
     persistence_prior_steps: float = help_field(20.0, "expected regime length in steps before "
                                                 "any regime has been seen to end")
 
@@ -64,6 +69,7 @@ class ControllerConfig:
         check(self.dwell_s >= 0, "controller.dwell_s", self.dwell_s, "must be >= 0 seconds")
         check(self.cooldown_steps >= 0, "controller.cooldown_steps", self.cooldown_steps,
               "must be >= 0 steps; use 0 for no cooldown")
+        check(self.window >= 1, "controller.window", self.window, "must be >= 1 step")
         check(self.persistence_prior_steps > 0, "controller.persistence_prior_steps",
               self.persistence_prior_steps, "must be > 0 steps")
 
@@ -125,16 +131,17 @@ class ResizeController:
         self.batch_cap = batch_cap
         self.micro_batches = micro_batches
         self.last_resize_step: int | None = None
-        self._run_target: Split | None = None  # target of the current run of signals
+        self._run_dir = 0  # +1 more rollout, -1 more train: direction of the current signal run
         self._run_len = 0
         self._run_start_t = 0.0
         self._regime: Split | None = None
         self._regime_start = 0
         self.ended_regimes: list[int] = []
+        self._recent: list[dict[Split, float]] = []
 
     def predictions(self, obs: StepObservation) -> dict[Split, float]:
-        """Predicted step seconds of every allowed split (and the current one), calibrated so
-        the current split's stage times equal the observed ones."""
+        """Predicted step seconds of every allowed split (and the current one) for the workload
+        of `obs`, calibrated so the observed split's stage times equal the observed ones."""
         work = StepWorkload(obs.output_lengths, obs.prompt_len)
         splits = set(self.allowed) | {obs.split}
         raw = {s: predict_step(self.cost, work, s, self.pipeline_mode, self.devices_per_instance,
@@ -151,9 +158,16 @@ class ResizeController:
                                   p.sync_s, tail)
         return out
 
+    def _smoothed(self, obs: StepObservation) -> dict[Split, float]:
+        """Predictions averaged over the last `window` steps (each calibrated at its own split)."""
+        self._recent.append(self.predictions(obs))
+        del self._recent[:-self.cfg.window]
+        keys = set(self.allowed) | {obs.split}
+        return {s: sum(p.get(s, math.inf) for p in self._recent) / len(self._recent) for s in keys}
+
     def observe(self, obs: StepObservation) -> Decision:
         cfg = self.cfg
-        preds = self.predictions(obs)
+        preds = self._smoothed(obs)
         cur_s = preds[obs.split]
         best = min(self.allowed or (obs.split,), key=lambda s: (round(preds[s], 9), s != obs.split))
         gain = max(0.0, cur_s - preds[best])
@@ -161,25 +175,28 @@ class ResizeController:
         table = {str(s): round(v, 3) for s, v in sorted(preds.items())}
         cost_s = self.resize_cost.critical_path_s
 
-        # Regime: the split the workload wants now (the current one when balanced).
-        key = best if signal else obs.split
+        # Regime: the split the workload wants. Sticky, so near-ties between two good splits
+        # do not end it: it ends only when another split beats it by the threshold.
         if self._regime is None:
-            self._regime, self._regime_start = key, obs.step
-        elif key != self._regime:
+            self._regime, self._regime_start = best, obs.step
+        elif preds.get(self._regime, math.inf) > preds[best] * (1.0 + cfg.threshold):
             self.ended_regimes.append(obs.step - self._regime_start)
-            self._regime, self._regime_start = key, obs.step
+            self._regime, self._regime_start = best, obs.step
         age = obs.step - self._regime_start + 1
         if self.ended_regimes:
             persistence = max(0.0, sum(self.ended_regimes) / len(self.ended_regimes) - age)
         else:
             persistence = max(0.0, cfg.persistence_prior_steps - age)
 
-        if signal and best == self._run_target:
+        # Consecutive signals count by direction (more rollout or more train), so a target
+        # that wavers between two neighbouring splits still builds up the count.
+        direction = (best.rollout > obs.split.rollout) - (best.rollout < obs.split.rollout)
+        if signal and direction == self._run_dir:
             self._run_len += 1
         elif signal:
-            self._run_target, self._run_len, self._run_start_t = best, 1, obs.now - obs.step_s
+            self._run_dir, self._run_len, self._run_start_t = direction, 1, obs.now - obs.step_s
         else:
-            self._run_target, self._run_len = None, 0
+            self._run_dir, self._run_len = 0, 0
         break_even = cost_s / gain if gain > 0 else None
 
         def decide(action: str, reason: str) -> Decision:
@@ -204,7 +221,8 @@ class ResizeController:
                                   f"{break_even:.1f} steps of {gain:.1f}s gain, expect "
                                   f"{persistence:.1f} more steps of this regime")
         self.last_resize_step = obs.step
-        self._run_target, self._run_len = None, 0
+        self._run_dir, self._run_len = 0, 0
+        self._recent.clear()  # observations at the old split say little about the new one
         return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.1f}s -> {preds[best]:.1f}s "
                                 f"per step, {self.resize_cost.mode} resize {cost_s:.0f}s pays back in "
                                 f"{break_even:.1f} steps; expect {persistence:.1f} more steps")

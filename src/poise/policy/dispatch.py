@@ -19,7 +19,9 @@ Policies:
                 longest-processing-time first (LPT, Graham's 4/3 bound), and each instance
                 receives its requests longest first. The size of the tail group is the one
                 whose predicted makespan (cost-model continuous batching) is lowest, our
-                stand-in for the paper's P50/P90 estimate in Algorithm 2.
+                stand-in for the paper's P50/P90 estimate in Algorithm 2; plain LPT over all
+                instances (no tail group) is one of the candidates, so a pool too small for a
+                tail group is never made worse by one.
 
 All policies are pure: no clock, no I/O; time-independent because every request of a step is
 known when it is dispatched (GRPO submits the whole step at once).
@@ -120,7 +122,7 @@ def lpt_assign(lengths: Sequence[float], items: Sequence[int], bins: Sequence[in
     for i in sorted(items, key=lambda i: (-lengths[i], i)):
         load, k, b = heapq.heappop(heap)
         out[b].append(i)
-        heapq.heappush(heap, (load + lengths[i], k, b))
+        heapq.heappush(heap, (load + max(lengths[i], 1.0), k, b))  # no info: balance counts
     return out
 
 
@@ -155,34 +157,35 @@ class SkewAwareDispatcher:
         caps = {x.instance_id: x.batch_cap for x in instances}
         n = len(ids)
         ranked = sorted(range(len(prompts)), key=lambda i: (-pred[i], i))
-        n_tail_req = int(round(self.fraction * len(prompts)))
-        if n < 2 or n_tail_req == 0 or max(pred, default=0.0) <= 0.0:
-            groups = lpt_assign(pred, ranked, ids)
-            return DispatchPlan(_interleave(groups, ids), caps, (), "LPT, no tail group", tuple(pred))
-        tail_req, regular_req = ranked[:n_tail_req], ranked[n_tail_req:]
         reg_cap = min(caps.values())
-        if self.tail_instances is not None:
-            options = [min(max(1, self.tail_instances), n - 1)]
-        else:
-            options = sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128,
-                                          n // 8, n // 4, n // 2) if 1 <= k <= n - 1})
+        # Candidate plans: LPT over all instances (no tail group), and a tail group of k
+        # instances for the predicted longest `fraction` (and half of it, for small pools).
+        # The one with the lowest predicted makespan wins.
+        options: list[tuple[int, int]] = [(0, 0)]
+        if n >= 2 and max(pred, default=0.0) > 0.0:
+            ks = [self.tail_instances] if self.tail_instances is not None else \
+                sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, n // 8,
+                                    n // 4, n // 2) if 1 <= k <= n - 1})
+            for frac in (self.fraction, self.fraction / 2):
+                n_tail = int(round(frac * len(prompts)))
+                if n_tail:
+                    options += [(min(max(1, k), n - 1), n_tail) for k in ks]
         best = None
-        for k in options:
-            tail_ids, reg_ids = ids[:k], ids[k:]
-            tail_groups = lpt_assign(pred, tail_req, tail_ids)
-            reg_groups = lpt_assign(pred, regular_req, reg_ids)
-            span = max(self._makespan(pred, tail_groups, self.tail_cap),
+        for k, n_tail in options:
+            tail_groups = lpt_assign(pred, ranked[:n_tail], ids[:k]) if k else {}
+            reg_groups = lpt_assign(pred, ranked[n_tail:], ids[k:])
+            span = max(self._makespan(pred, tail_groups, self.tail_cap) if k else 0.0,
                        self._makespan(pred, reg_groups, reg_cap))
             if best is None or span < best[0] - 1e-9:
-                best = (span, k, tail_groups, reg_groups)
+                best = (span, k, n_tail, tail_groups, reg_groups)
         assert best is not None
-        _, k, tail_groups, reg_groups = best
+        _, k, n_tail, tail_groups, reg_groups = best
         for b in ids[:k]:
             caps[b] = min(caps[b], self.tail_cap)
         groups = {**tail_groups, **reg_groups}
-        return DispatchPlan(_interleave(groups, ids), caps, tuple(ids[:k]),
-                            f"{n_tail_req} predicted long-tail requests on {k} of {n} instances "
-                            f"(batch cap {self.tail_cap}), LPT", tuple(pred))
+        reason = (f"{n_tail} predicted long-tail requests on {k} of {n} instances (batch cap "
+                  f"{self.tail_cap}), LPT" if k else f"LPT over {n} instances, no tail group")
+        return DispatchPlan(_interleave(groups, ids), caps, tuple(ids[:k]), reason, tuple(pred))
 
 
 def _interleave(groups: dict[int, list[int]], ids: Sequence[int]) -> tuple[tuple[int, int], ...]:

@@ -127,8 +127,11 @@ class Simulation:
         self.split = sc.initial_split()
         self.batch_cap = c.batch_cap
         if self.split is None:
-            alloc = allocate(self.cost, StepWorkload(tuple(s.output_length for s in first), self.prompt_len),
-                             c.devices, sc.mode, self.tp, c.batch_caps or (c.batch_cap,),
+            # What a user knows before the run: the first few steps' lengths (e.g. from a trace or
+            # a dry run of the initial policy).
+            works = [StepWorkload(tuple(s.output_length for s in self.workload.step(k)), self.prompt_len)
+                     for k in range(min(4, sc.steps))]
+            alloc = allocate(self.cost, works, c.devices, sc.mode, self.tp, c.batch_caps or (c.batch_cap,),
                              parse_splits(sc.resize.allowed_splits) or None, c.micro_batches)
             self.split, self.batch_cap = alloc.split, alloc.batch_cap
         self._oracle: dict[str, float] = {}
