@@ -247,60 +247,61 @@ class Engine:
             budget -= need
         return admitted
 
-    def _step_packed(self) -> tuple[list[_Sequence], torch.Tensor]:
-        """Fast mode: live decode rows and new prefills in one forward."""
-        running = [self._slots[s] for s in sorted(self._slots)]  # before admission: these decode
+    def _step_packed(self) -> tuple[list[_Sequence | None], torch.Tensor]:
+        """Fast mode: the running slots' decode rows and the new prefills in one forward."""
+        running = sorted(self._slots)  # before admission: these decode
         admitted = self._admissions()
         step = StepInputs()
-        for seq in running:
-            step.decode_slots.append(seq.slot)
-            step.decode_tokens.append(seq.tokens[-1])
-            step.decode_positions.append(seq.cached)
+        rows: list[_Sequence | None] = []
         if running:
-            step.attend_lo, step.attend_hi = running[0].slot, running[-1].slot + 1
+            lo, hi = running[0], running[-1] + 1
+            step.attend_lo, step.attend_hi = lo, hi
+            live = set(running)
+            for slot in range(lo, hi):
+                seq = self._slots.get(slot) if slot in live else None
+                rows.append(seq)  # None: a padding row (free or just-admitted slot)
+                if seq is not None:
+                    step.decode_slots.append(slot)
+                    step.decode_tokens.append(seq.tokens[-1])
+                    step.decode_positions.append(seq.cached)
             step.attend_len = max(step.decode_positions) + 1
         for seq in admitted:  # a resumed partial re-prefills prompt + generated tokens at once
             step.prefills.append((seq.slot, seq.prompt + seq.tokens))
-        logits = self.runner.forward(step, self.cache)
-        return running + admitted, logits
+            rows.append(seq)
+        return rows, self.runner.forward(step, self.cache)
 
-    def _step_invariant(self) -> tuple[list[_Sequence], torch.Tensor]:
-        """batch_invariant mode: fixed-shape decode tiles, then one prefill per admitted request.
-
-        Decode goes first: a tile's idle rows write garbage at position 0 of their own (free)
-        slots, which a prefill in the same step must overwrite, not precede.
-        """
+    def _step_invariant(self) -> tuple[list[_Sequence | None], torch.Tensor]:
+        """batch_invariant mode: fixed-shape decode tiles, then one prefill per admitted request."""
         tile = self.cfg.invariant_tile
-        rows: list[_Sequence] = []
+        rows: list[_Sequence | None] = []
         logits: list[torch.Tensor] = []
         for lo in range(0, self.cache.shape.slots, tile):
             members = [self._slots.get(s) for s in range(lo, lo + tile)]
             if not any(members):
                 continue
             step = StepInputs(attend_lo=lo, attend_hi=lo + tile, attend_len=self.context)
-            for s, seq in zip(range(lo, lo + tile), members):
-                step.decode_slots.append(s)
-                step.decode_tokens.append(seq.tokens[-1] if seq else 0)
-                step.decode_positions.append(seq.cached if seq else 0)
-            tile_logits = self.runner.forward(step, self.cache)
-            keep = [i for i, seq in enumerate(members) if seq]
-            rows.extend(members[i] for i in keep)
-            logits.append(self._sample_tile(tile_logits, [m for m in members], keep))
+            for seq in members:
+                if seq:  # idle slots get padding rows: the runner keeps the tile at its full shape
+                    step.decode_slots.append(seq.slot)
+                    step.decode_tokens.append(seq.tokens[-1])
+                    step.decode_positions.append(seq.cached)
+            rows.extend(members)
+            logits.append(self._sample_tile(self.runner.forward(step, self.cache), members))
         for seq in self._admissions():
             # replay what a partial had: prompt-only prefill + decode tiles rebuild its exact cache
             seq.forced, seq.forced_logprobs, seq.tokens, seq.logprobs = seq.tokens, seq.logprobs, [], []
             out = self.runner.forward(StepInputs(prefills=[(seq.slot, seq.prompt)]), self.cache)
+            # sample at the tile's shape too, so sampling sees one shape whatever else is live
             padded = torch.zeros((tile, out.shape[1]), dtype=out.dtype, device=out.device)
             padded[0] = out[0]
             rows.append(seq)
-            logits.append(self._sample_tile(padded, [seq] + [None] * (tile - 1), [0]))
-        return rows, torch.cat(logits) if logits else torch.empty(0)
+            logits.append(self._sample_tile(padded, [seq] + [None] * (tile - 1))[:1])
+        return rows, torch.cat(logits)
 
-    def _sample_tile(self, logits: torch.Tensor, members: list[_Sequence | None], keep: list[int]) -> torch.Tensor:
-        """Sample a whole fixed-shape tile of logits; returns [len(keep), 2] (token, logprob) rows."""
+    def _sample_tile(self, logits: torch.Tensor, members: list[_Sequence | None]) -> torch.Tensor:
+        """Sample a whole fixed-shape tile of logits; returns [tile, 2] (token, logprob) rows."""
         tokens, logprobs = self._sample(logits, members)
-        keep_t = torch.tensor(keep, dtype=torch.int64, device=logits.device)
-        return torch.stack([tokens.double(), logprobs.double()], dim=1).index_select(0, keep_t)
+        return torch.stack([tokens.double(), logprobs.double()], dim=1)
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = [seq.sample_id if seq else (0, 0, 0) for seq in members]
@@ -309,8 +310,8 @@ class Engine:
         return sample_next(logits, self.seed, torch.tensor(ids, dtype=torch.int64, device=device),
                            torch.tensor(positions, dtype=torch.int64, device=device), self.sampling)
 
-    def _advance(self, rows: list[_Sequence], out: torch.Tensor) -> list[Sample]:
-        """Append each row's new token, and retire the sequences that finished."""
+    def _advance(self, rows: list[_Sequence | None], out: torch.Tensor) -> list[Sample]:
+        """Append each row's new token, and retire the sequences that finished (None: padding row)."""
         if self.cfg.batch_invariant:
             pairs = out.tolist()
             tokens = [int(t) for t, _ in pairs]
@@ -321,6 +322,8 @@ class Engine:
         finished = []
         now = None
         for seq, token, logprob in zip(rows, tokens, logprobs):
+            if seq is None:
+                continue
             seq.cached = len(seq.prompt) + len(seq.tokens)  # the row's input token is now cached
             if seq.forced:
                 # replay: the logits are bit-identical to the original run's, so the sample must agree

@@ -26,10 +26,14 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 class StepInputs:
     """What one forward computes.
 
-    decode_*: one row per decoding slot, in increasing slot order; the row's token is written to
-    the cache at `decode_positions` and attends to positions [0, position] of its slot.
+    decode_*: one row per decoding slot, in increasing slot order, all within
+    [attend_lo, attend_hi); the row's token is written to the cache at `decode_positions` and
+    attends to positions [0, position] of its slot over cache positions [0, attend_len).
     prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
-    Decode attention covers slots [attend_lo, attend_hi) and cache positions [0, attend_len).
+
+    Decode runs densely over every slot of [attend_lo, attend_hi): a slot in that range with no
+    decode row gets a padding row (writes to the scratch row, output dropped). Batch-invariant
+    tiles rely on this: the shapes depend on the range, never on which slots are live.
     """
 
     decode_slots: list[int] = field(default_factory=list)
@@ -81,12 +85,12 @@ class DecoderRunner:
 
     @torch.inference_mode()
     def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
-        """Logits [rows, vocab] (float32): decode rows first, then each prefill's last token."""
-        n_decode = len(step.decode_slots)
-        seg_lengths = [len(tokens) for _, tokens in step.prefills]
-        tokens = list(step.decode_tokens)
-        positions = list(step.decode_positions)
-        slots = list(step.decode_slots)
+        """Logits [rows, vocab] (float32): one row per attended slot (slot attend_lo + i; padding
+        rows included, so a fixed-shape tile stays fixed through lm_head), then each prefill's
+        last token."""
+        tokens, positions, slots = self._dense_decode_rows(step, cache.scratch)
+        n_decode = len(tokens)
+        seg_lengths = [len(seg) for _, seg in step.prefills]
         for (slot, seg), length in zip(step.prefills, seg_lengths):
             tokens.extend(seg)
             positions.extend(range(length))
@@ -98,7 +102,10 @@ class DecoderRunner:
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        decode = self._decode_plan(step, position_ids[:n_decode], slot_ids[:n_decode]) if n_decode else None
+        if n_decode:
+            key_pos = torch.arange(step.attend_len, device=self.device)
+            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (padding rows: 0)
+            decode_mask = (key_pos[None, :] <= position_ids[:n_decode, None])[:, None, None, :]
         prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > 1 else None
 
         for index, layer in enumerate(self.layers):
@@ -113,7 +120,7 @@ class DecoderRunner:
 
             parts = []
             if n_decode:
-                parts.append(self._decode_attention(q[:n_decode], cache, index, step, *decode))
+                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask))
             if seg_lengths:
                 parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -121,26 +128,38 @@ class DecoderRunner:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
 
         if seg_lengths:
-            last, end = list(range(n_decode)), n_decode
+            rows, end = list(range(n_decode)), n_decode
             for length in seg_lengths:
                 end += length
-                last.append(end - 1)
-            x = x.index_select(0, self._ids(last))
+                rows.append(end - 1)
+            x = x.index_select(0, self._ids(rows))
         return self.model.lm_head(self.decoder.norm(x)).float()
 
-    def _decode_plan(self, step: StepInputs, positions: torch.Tensor,
-                     slots: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(rel, mask) for `_decode_attention`, shared by all layers."""
+    def _dense_decode_rows(self, step: StepInputs, scratch: int) -> tuple[list[int], list[int], list[int]]:
+        """(tokens, positions, write slots), one row for every attended slot."""
         n_attend = step.attend_hi - step.attend_lo
-        # dense: the decode rows are exactly the attended slots, in order (no scatter needed)
-        dense = len(step.decode_slots) == n_attend and step.decode_slots[0] == step.attend_lo
-        attend_pos, rel = positions, None
-        if not dense:
-            rel = slots - step.attend_lo
-            attend_pos = torch.zeros(n_attend, dtype=torch.int64, device=self.device).index_copy_(0, rel, positions)
-        key_pos = torch.arange(step.attend_len, device=self.device)
-        # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (others: position 0)
-        return rel, (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
+        if len(step.decode_slots) == n_attend:  # every attended slot decodes: no padding
+            return list(step.decode_tokens), list(step.decode_positions), list(step.decode_slots)
+        tokens, positions, slots = [0] * n_attend, [0] * n_attend, [scratch] * n_attend
+        for slot, token, position in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
+            row = slot - step.attend_lo
+            tokens[row], positions[row], slots[row] = token, position, slot
+        return tokens, positions, slots
+
+    def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
+                          mask: torch.Tensor) -> torch.Tensor:
+        """q: [attended slots, heads, head_dim] -> [attended slots, heads * head_dim].
+
+        mask: [attended slots, 1, 1, attend_len] bool, True where a slot may attend.
+        """
+        n_attend = step.attend_hi - step.attend_lo
+        # GQA without copying the cache: the `group` query heads that share a key/value head become
+        # `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
+        q = q.view(n_attend, self.num_kv_heads, self.group, self.head_dim)
+        keys = cache.keys[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
+        values = cache.values[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        return out.reshape(n_attend, self.num_heads * self.head_dim)
 
     def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
@@ -156,30 +175,6 @@ class DecoderRunner:
         valid = pos[None, :] < torch.tensor(lengths, device=self.device)[:, None]  # [segments, keys]
         mask = (pos[None, :, None] >= pos[None, None, :]) & valid[:, None, :]  # causal & real keys
         return index[: len(gather)], index[len(gather):], mask[:, None]
-
-    def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
-                          rel: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
-        """q: [n_decode, heads, head_dim] -> [n_decode, heads * head_dim].
-
-        rel: [n_decode] row -> attended slot offset, or None when the rows are the attended slots.
-        mask: [attended slots, 1, 1, attend_len] bool, True where a slot may attend.
-        """
-        lo, hi, length = step.attend_lo, step.attend_hi, step.attend_len
-        n_attend = hi - lo
-        if rel is None:
-            q_slots = q
-        else:
-            q_slots = q.new_zeros((n_attend, self.num_heads, self.head_dim)).index_copy_(0, rel, q)
-        # GQA without copying the cache: the `group` query heads that share a key/value head become
-        # `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
-        q_slots = q_slots.view(n_attend, self.num_kv_heads, self.group, self.head_dim)
-        keys = cache.keys[layer][lo:hi, :, :length]
-        values = cache.values[layer][lo:hi, :, :length]
-        out = F.scaled_dot_product_attention(q_slots, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.reshape(n_attend, self.num_heads * self.head_dim)
-        if rel is not None:
-            out = out.index_select(0, rel)
-        return out
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
                            plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
