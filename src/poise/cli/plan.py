@@ -1,0 +1,77 @@
+"""`poise plan WORKLOAD [key=value ...]`: recommend a static split and say whether live resizing
+pays on this workload, and by how much.
+
+WORKLOAD is a scenario (name or YAML): its cluster, cost model and workload are used. The
+allocator (StreamRL §4.2) prices every split; then the simulator runs the candidate static
+splits and the resize controller (live and hard) over `--steps` steps, so the answer accounts
+for long tails, phases and length growth, not just the first step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from poise.errors import PoiseError
+from poise.policy.allocator import StepWorkload, allocate
+from poise.policy.split import all_splits, parse_splits
+from poise.sim import load_scenario, simulate
+from poise.sim.driver import Simulation, make_cost
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workload", help="scenario name or YAML whose workload, cluster and cost to plan for")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mode=async cluster.devices=16")
+    parser.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's, at most 200)")
+    parser.add_argument("--max-splits", type=int, default=16, help="simulate at most this many static splits "
+                        "(the allocator's best ones)")
+
+
+def run(args: argparse.Namespace) -> int:
+    base = load_scenario(args.workload, args.overrides)
+    steps = args.steps or min(base.steps, 200)
+    if steps < 1:
+        raise PoiseError(f"--steps {steps} must be >= 1")
+    common = [f"steps={steps}", "log.samples=false", "log.intervals=none"]
+    sc = load_scenario(args.workload, args.overrides + common + ["resize.policy=static"])
+    c = sc.cluster
+    cost = make_cost(sc)
+    sim = Simulation(sc)
+    works = [StepWorkload(tuple(s.output_length for s in sim.workload.step(k)), sim.prompt_len)
+             for k in range(min(4, steps))]
+    alloc = allocate(cost, works, c.devices, sc.mode, c.devices_per_instance, c.batch_caps or (c.batch_cap,),
+                     parse_splits(sc.resize.allowed_splits) or None, c.micro_batches)
+    print(f"plan for {base.name}: {c.devices} devices, mode {sc.mode}, {steps} steps")
+    print(f"allocator (first steps): split {alloc.split}, batch cap {alloc.batch_cap}, "
+          f"predicted {alloc.predicted.step_s:.1f} s/step "
+          f"(rollout {alloc.predicted.rollout_s:.1f}, train {alloc.predicted.train_s:.1f})")
+    best_by_split = {}
+    for split, cap, pred in alloc.table:
+        if split not in best_by_split or pred.step_s < best_by_split[split][1].step_s:
+            best_by_split[split] = (cap, pred)
+    candidates = sorted(best_by_split, key=lambda s: best_by_split[s][1].step_s)[: args.max_splits]
+    print(f"\n{'split':>10} {'cap':>4} {'predicted s/step':>17} {'simulated s/step':>17} {'total s':>10}")
+    results = {}
+    for split in sorted(candidates):
+        cap, pred = best_by_split[split]
+        s = simulate(load_scenario(args.workload, args.overrides + common + [
+            "resize.policy=static", f"split=[{split.rollout},{split.train}]", f"cluster.batch_cap={cap}"]))
+        results[split] = s
+        print(f"{str(split):>10} {cap:>4} {pred.step_s:>17.1f} {s.step_s_mean:>17.1f} {s.total_s:>10,.0f}")
+    best = min(results, key=lambda sp: results[sp].total_s)
+    static = results[best]
+    print(f"\nrecommended static split: {best} ({static.total_s:,.0f} s for {steps} steps, "
+          f"{static.tokens_per_s:,.0f} tok/s)")
+    allowed = base.resize.allowed_splits or [s.as_list() for s in all_splits(c.devices, c.devices_per_instance)]
+    for mode in ("live", "hard"):
+        dyn = simulate(load_scenario(args.workload, args.overrides + common + [
+            "resize.policy=dynamic", f"resize.mode={mode}", f"split=[{best.rollout},{best.train}]",
+            f"cluster.batch_cap={best_by_split[best][0]}", f"resize.allowed_splits={allowed}"]))
+        gain = static.total_s / dyn.total_s - 1.0
+        verdict = "pays" if gain > 0.01 else "does not pay"
+        extra = ""
+        if dyn.resizes:
+            be = dyn.break_even_steps
+            extra = f"; {len(dyn.resizes)} resize(s), first {dyn.resizes[0]['from']} -> {dyn.resizes[0]['to']}" + \
+                    (f", break-even {be:.1f} steps" if be is not None else "")
+        print(f"{mode} resizing {verdict}: {gain:+.1%} throughput vs the recommended static split{extra}")
+    return 0

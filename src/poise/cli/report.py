@@ -1,0 +1,19 @@
+"""`poise report RUN_DIR`: draw a run's timeline, step time, split and throughput (PNG + HTML)."""
+
+from __future__ import annotations
+
+import argparse
+
+from poise.report import draw_report
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="a run directory with events.jsonl (simulated or real)")
+    parser.add_argument("--out", default=None, help="output directory (default: RUN_DIR/report)")
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = draw_report(args.run_dir, args.out)
+    for name, path in paths.items():
+        print(f"{name:11s} {path}")
+    return 0

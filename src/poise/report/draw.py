@@ -1,0 +1,209 @@
+"""Draw a run directory (simulated or real, same JSONL: docs/events.md) as PNGs and one HTML page.
+
+    paths = draw_report(run_dir, out_dir=None)   # default out_dir: RUN_DIR/report/
+
+Figures: per-device timeline (role bars: rollout, train, resize phases; gaps are idle), step
+time, split over time, throughput. Reads only events.jsonl, metrics.jsonl and (if present)
+summary.json, so a real run and a simulation are drawn by the same code. matplotlib with the
+Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from poise.errors import PoiseError
+from poise.runlog import read_jsonl
+
+ROLE_COLORS = {"rollout": "#4C72B0", "train": "#DD8452", "resize": "#C44E52", "idle": "#DDDDDD"}
+MAX_TIMELINE_ROWS = 64  # beyond this a per-device chart is unreadable; rows are sampled
+
+
+def load_run(run_dir: str | Path) -> dict[str, Any]:
+    run = Path(run_dir)
+    events_path, metrics_path = run / "events.jsonl", run / "metrics.jsonl"
+    if not run.is_dir() or not events_path.is_file():
+        raise PoiseError(f"'{run}' is not a run directory (no events.jsonl); pass the directory "
+                         "that `poise train` or `poise simulate --out` wrote")
+    try:
+        events = list(read_jsonl(events_path))
+        metrics = list(read_jsonl(metrics_path)) if metrics_path.is_file() else []
+    except json.JSONDecodeError as e:
+        raise PoiseError(f"'{run}' has a malformed JSONL line ({e}); was the run interrupted "
+                         "mid-write? remove the last line and retry") from None
+    summary = {}
+    if (run / "summary.json").is_file():
+        summary = json.loads((run / "summary.json").read_text())
+    return {"events": events, "metrics": metrics, "summary": summary}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def draw_timeline(events: list[dict], path: Path) -> None:
+    plt = _plt()
+    intervals = [e for e in events if e.get("kind") == "interval"]
+    rows: dict[int, list[dict]] = {}
+    for e in intervals:
+        for d in range(int(e["device"]), int(e["device"]) + int(e.get("devices", 1))):
+            rows.setdefault(d, []).append(e)
+    devices = sorted(rows)
+    if len(devices) > MAX_TIMELINE_ROWS:
+        stride = -(-len(devices) // MAX_TIMELINE_ROWS)
+        devices = devices[::stride]
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.25 * max(1, len(devices))))
+    for y, d in enumerate(devices):
+        by_role: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        for e in rows[d]:
+            key = (e["role"], bool(e.get("background")))
+            by_role.setdefault(key, []).append((e["start"], e["end"] - e["start"]))
+        for (role, background), spans in by_role.items():
+            h, off = (0.3, 0.55) if background else (0.8, 0.1)
+            ax.broken_barh(spans, (y + off - 0.5, h), facecolors=ROLE_COLORS.get(role, "#999999"),
+                           hatch="//" if role == "resize" else None, linewidth=0)
+    for e in events:
+        if e.get("kind") == "resize":
+            ax.axvline(e.get("start", e["t"]), color=ROLE_COLORS["resize"], lw=0.8, ls="--")
+    ax.set_yticks(range(len(devices)))
+    ax.set_yticklabels([str(d) for d in devices], fontsize=7)
+    ax.set_xlabel("seconds from run start")
+    ax.set_ylabel("device")
+    ax.set_title("Per-device timeline (gaps are idle; hatched: resize phases)")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=r) for r, c in ROLE_COLORS.items()], loc="upper right",
+              fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _steps(events: list[dict], metrics: list[dict]) -> list[dict]:
+    steps = [e for e in events if e.get("kind") == "step"]
+    if steps:
+        return steps
+    # A log without step events: derive what we can from metrics rows.
+    out, t = [], 0.0
+    for m in metrics:
+        dt = float(m.get("step_s") or 0.0)
+        out.append({"step": m["step"], "start": t, "end": t + dt, "tokens": None,
+                    "split": m.get("split")})
+        t += dt
+    return out
+
+
+def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str, Path]:
+    plt = _plt()
+    steps = _steps(events, metrics)
+    paths = {}
+    xs = [s["step"] for s in steps]
+    step_s = [s["end"] - s["start"] for s in steps]
+    resize_steps = [e.get("step") for e in events if e.get("kind") == "resize"]
+
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.plot(xs, step_s, lw=1.2, label="step time")
+    if steps and "rollout_s" in steps[0]:
+        ax.plot(xs, [s.get("rollout_s") for s in steps], lw=0.8, alpha=0.7, label="rollout")
+        ax.plot(xs, [s.get("train_s") for s in steps], lw=0.8, alpha=0.7, label="train")
+    for r in resize_steps:
+        ax.axvline(r, color=ROLE_COLORS["resize"], lw=0.8, ls="--")
+    ax.set_xlabel("step")
+    ax.set_ylabel("seconds")
+    ax.set_title("Step time (dashed: resizes)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths["step_time"] = out / "step_time.png"
+    fig.savefig(paths["step_time"], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    ts = [s["end"] for s in steps]
+    splits = [s.get("split") or [None, None] for s in steps]
+    ax.step(ts, [sp[0] for sp in splits], where="post", label="rollout devices", color=ROLE_COLORS["rollout"])
+    ax.step(ts, [sp[1] for sp in splits], where="post", label="train devices", color=ROLE_COLORS["train"])
+    ax.set_xlabel("seconds from run start")
+    ax.set_ylabel("devices")
+    ax.set_title("Split over time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    paths["split"] = out / "split.png"
+    fig.savefig(paths["split"], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    tput = []
+    for s, dt in zip(steps, step_s):
+        tok = s.get("tokens")
+        tput.append(tok / dt if tok and dt > 0 else None)
+    if not any(v is not None for v in tput):
+        tput = [m.get("tokens_per_s") for m in metrics][: len(xs)]
+    ax.plot(xs[: len(tput)], tput, lw=1.2, color="#55A868")
+    ax.set_xlabel("step")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title("Throughput")
+    fig.tight_layout()
+    paths["throughput"] = out / "throughput.png"
+    fig.savefig(paths["throughput"], dpi=90)
+    plt.close(fig)
+    return paths
+
+
+def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
+    """Draw every figure and index.html; returns name -> path."""
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"timeline": out / "timeline.png"}
+    draw_timeline(run["events"], paths["timeline"])
+    paths.update(draw_series(run["events"], run["metrics"], out))
+    paths["html"] = out / "index.html"
+    paths["html"].write_text(_html(Path(run_dir), run, paths))
+    return paths
+
+
+def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
+    summary = run["summary"]
+    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
+                   for k, v in summary.items() if k != "resizes")
+    decisions = [e for e in run["events"] if e.get("kind") == "decision" and e.get("what") == "resize"
+                 and e.get("action", "resize") == "resize"]
+    resize_rows = "".join(
+        f"<tr><td>{d.get('step')}</td><td>{d.get('from')}</td><td>{d.get('to')}</td>"
+        f"<td>{html.escape(str(d.get('reason')))}</td></tr>" for d in decisions)
+    imgs = "".join(f'<h2>{name.replace("_", " ")}</h2><img src="{p.name}" style="max-width:100%">'
+                   for name, p in paths.items() if p.suffix == ".png")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>poise report: "
+            f"{html.escape(run_dir.name)}</title></head><body style='font-family:sans-serif'>"
+            f"<h1>{html.escape(str(run_dir))}</h1>"
+            f"<table border=1 cellpadding=3>{rows}</table>"
+            f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>after step</th>"
+            f"<th>from</th><th>to</th><th>reason</th></tr>{resize_rows}</table>{imgs}</body></html>")
+
+
+def draw_sweep(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> None:
+    """Sensitivity plot for `poise sweep`: `metric` against the value of `param`."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    groups: dict[str, list[tuple[Any, float]]] = {}
+    for r in rows:
+        others = ", ".join(f"{k}={v}" for k, v in r["params"].items() if k != param)
+        groups.setdefault(others or "all", []).append((r["params"][param], r[metric]))
+    for label, pts in groups.items():
+        pts.sort(key=lambda p: p[0])
+        ax.plot([str(p[0]) for p in pts], [p[1] for p in pts], marker="o", label=label)
+    ax.set_xlabel(param)
+    ax.set_ylabel(metric)
+    if len(groups) > 1:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
