@@ -10,6 +10,7 @@ for long tails, phases and length growth, not just the first step.
 from __future__ import annotations
 
 import argparse
+import json
 
 from poise.errors import PoiseError
 from poise.policy.allocator import StepWorkload, allocate
@@ -38,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     sim = Simulation(sc)
     works = [StepWorkload(tuple(s.output_length for s in sim.workload.step(k)), sim.prompt_len)
              for k in range(min(4, steps))]
+    # Every split is a static candidate (resize.allowed_splits only limits the controller).
     alloc = allocate(cost, works, c.devices, sc.mode, c.devices_per_instance, c.batch_caps or (c.batch_cap,),
-                     parse_splits(sc.resize.allowed_splits) or None, c.micro_batches)
+                     None, c.micro_batches)
     print(f"plan for {base.name}: {c.devices} devices, mode {sc.mode}, {steps} steps")
     print(f"allocator (first steps): split {alloc.split}, batch cap {alloc.batch_cap}, "
           f"predicted {alloc.predicted.step_s:.1f} s/step "
@@ -61,11 +63,14 @@ def run(args: argparse.Namespace) -> int:
     static = results[best]
     print(f"\nrecommended static split: {best} ({static.total_s:,.0f} s for {steps} steps, "
           f"{static.tokens_per_s:,.0f} tok/s)")
-    allowed = base.resize.allowed_splits or [s.as_list() for s in all_splits(c.devices, c.devices_per_instance)]
+    allowed = [s.as_list() for s in (parse_splits(base.resize.allowed_splits)
+                                      or all_splits(c.devices, c.devices_per_instance))]
+    if best.as_list() not in allowed:
+        allowed.append(best.as_list())
     for mode in ("live", "hard"):
         dyn = simulate(load_scenario(args.workload, args.overrides + common + [
             "resize.policy=dynamic", f"resize.mode={mode}", f"split=[{best.rollout},{best.train}]",
-            f"cluster.batch_cap={best_by_split[best][0]}", f"resize.allowed_splits={allowed}"]))
+            f"cluster.batch_cap={best_by_split[best][0]}", f"resize.allowed_splits={json.dumps(allowed)}"]))
         gain = static.total_s / dyn.total_s - 1.0
         verdict = "pays" if gain > 0.01 else "does not pay"
         extra = ""
