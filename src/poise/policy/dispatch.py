@@ -161,7 +161,8 @@ class SkewAwareDispatcher:
         # Candidate plans: LPT over all instances (no tail group), and a tail group of k
         # instances for the predicted longest `fraction` (and half of it, for small pools).
         # The one with the lowest predicted makespan wins.
-        options: list[tuple[int, int]] = [(0, 0)]
+        # A fixed `tail_instances` always gets its tail group; otherwise "no tail group" competes.
+        options: list[tuple[int, int]] = [] if self.tail_instances is not None and n >= 2 else [(0, 0)]
         if n >= 2 and max(pred, default=0.0) > 0.0:
             ks = [self.tail_instances] if self.tail_instances is not None else \
                 sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, n // 8,
@@ -170,6 +171,7 @@ class SkewAwareDispatcher:
                 n_tail = int(round(frac * len(prompts)))
                 if n_tail:
                     options += [(min(max(1, k), n - 1), n_tail) for k in ks]
+        options = options or [(0, 0)]
         best = None
         for k, n_tail in options:
             tail_groups = lpt_assign(pred, ranked[:n_tail], ids[:k]) if k else {}
