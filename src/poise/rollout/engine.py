@@ -171,6 +171,7 @@ class Engine:
         self._known: set[SampleId] = set()  # queued or running
         self.replay_mismatches = 0  # batch_invariant resume: replayed tokens the logits disagreed with
         self.steps = 0
+        self.tokens_generated = 0  # new tokens sampled (replayed ones excluded)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -331,6 +332,8 @@ class Engine:
                 if token != expected or logprob != expected_logprob:
                     self.replay_mismatches += 1
                     token, logprob = expected, expected_logprob
+            else:
+                self.tokens_generated += 1
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
             reason = None if seq.forced else self._finish_reason(seq, token)

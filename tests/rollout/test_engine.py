@@ -1,0 +1,347 @@
+"""The rollout engine: HF equivalence, streaming, invariance, migration, weights, bad input."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from poise.data.tokenizer import CharTokenizer
+from poise.errors import PoiseError
+from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, Request, RequestError, WeightsError
+from poise.rollout.sampling import SamplingConfig
+
+VOCAB = 60  # tests/rollout/conftest.py builds the tiny models with the char tokenizer's vocabulary
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=24)
+STOCHASTIC = SamplingConfig(temperature=1.0, top_p=0.9, top_k=20, max_new_tokens=24)
+
+
+def prompts(n: int, seed: int = 0, low: int = 2, high: int = 20) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (int(torch.randint(low, high, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def requests(n: int, seed: int = 0, step: int = 0) -> list[Request]:
+    """n requests with varied prompt lengths and token budgets 1..24."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    return [Request((step, i, i % 3), p, int(torch.randint(1, 25, (1,), generator=g)))
+            for i, p in enumerate(prompts(n, seed))]
+
+
+def fake_clock():
+    counter = itertools.count()
+    return lambda: float(next(counter))
+
+
+def engine(model, sampling=STOCHASTIC, seed=7, eos_id=None, **cfg) -> Engine:
+    return Engine(model, EngineConfig(**cfg), sampling, seed=seed, eos_id=eos_id, clock=fake_clock())
+
+
+def by_id(samples):
+    return {s.sample_id: s for s in samples}
+
+
+# ---- HF equivalence ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_equals_hf_generate_token_for_token(arch, request):
+    model = request.getfixturevalue(arch)
+    ps = prompts(7, seed=3)
+    # 3 slots for 7 prompts: slots are reused and prefills mix into running decode steps
+    eng = engine(model, GREEDY, num_slots=3, eos_id=2)
+    samples = eng.generate([Request((0, i, 0), p) for i, p in enumerate(ps)])
+    distinct = set()
+    for sample, p in zip(samples, ps):
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=GREEDY.max_new_tokens, eos_token_id=2,
+                                 pad_token_id=0)
+        expected = out[0, len(p):].tolist()
+        assert list(sample.token_ids) == expected, f"prompt {p}"
+        assert sample.finish_reason == ("eos" if expected[-1] == 2 else "length")
+        distinct.add(tuple(expected))
+    assert len(distinct) > 1  # the comparison is not between degenerate outputs
+
+
+def test_greedy_logprobs_match_hf_scores(qwen2):
+    p = prompts(1, seed=4)[0]
+    sample = engine(qwen2, GREEDY, num_slots=2).generate([Request((0, 0, 0), p, 8)])[0]
+    with torch.inference_mode():
+        logits = qwen2(torch.tensor([p + list(sample.token_ids)])).logits[0, len(p) - 1:-1]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(sample.token_ids)[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(sample.logprobs), expected, atol=1e-4)
+
+
+# ---- streaming ------------------------------------------------------------------------------------
+
+
+def test_samples_stream_out_as_they_finish(qwen2):
+    seen = []
+    eng = Engine(qwen2, EngineConfig(num_slots=2), GREEDY, seed=0, eos_id=None, clock=fake_clock(),
+                 on_sample=seen.append, weights_version=5)
+    eng.submit(Request((1, 0, 0), [5, 6, 7], 12))
+    eng.submit(Request((1, 1, 0), [8, 9], 2))
+    eng.submit(Request((1, 2, 0), [10], 3))  # queued until a slot frees
+    first = eng.step()
+    assert first == [] and eng.num_running == 2 and eng.num_queued == 1
+    second = eng.step()
+    assert [s.sample_id for s in second] == [(1, 1, 0)]  # the short one leaves after 2 tokens
+    assert seen == second
+    rest = list(eng.stream())
+    assert [s.sample_id for s in rest] == [(1, 2, 0), (1, 0, 0)]  # the queued one took the freed slot
+    assert eng.idle and [s.sample_id for s in seen] == [(1, 1, 0), (1, 2, 0), (1, 0, 0)]
+    for s in seen:
+        assert s.finish_reason == "length" and len(s.token_ids) == len(s.logprobs) == s.max_new_tokens
+        assert s.weights_version == 5 and s.finish_time > s.submit_time
+        assert all(lp <= 0 for lp in s.logprobs)
+
+
+def test_generate_returns_every_sample_sorted_by_id(qwen2):
+    reqs = requests(12)
+    samples = engine(qwen2, num_slots=4).generate(reversed(reqs))
+    assert [s.sample_id for s in samples] == sorted(r.sample_id for r in reqs)
+    assert [len(s.token_ids) for s in samples] == [r.max_new_tokens for r in sorted(reqs, key=lambda r: r.sample_id)]
+
+
+def test_eos_ends_a_sample_and_frees_its_slot(qwen2):
+    p = [4, 5, 6]
+    free_run = engine(qwen2, GREEDY, num_slots=1).generate([Request((0, 0, 0), p, 10)])[0]
+    eos = free_run.token_ids[3]
+    stop_at = free_run.token_ids.index(eos)
+    samples = engine(qwen2, GREEDY, num_slots=1, eos_id=eos).generate(
+        [Request((0, 0, 0), p, 10), Request((0, 1, 0), p, 10)])
+    for s in samples:
+        assert s.finish_reason == "eos" and s.token_ids == free_run.token_ids[:stop_at + 1]
+
+
+def test_stop_string_ends_a_sample(qwen2):
+    tok = CharTokenizer()
+    p = tok.encode("sort 3 1 2\n")
+    free_run = engine(qwen2, GREEDY, num_slots=2).generate([Request((0, 0, 0), p, 20)])[0]
+    text = tok.decode(list(free_run.token_ids))
+    stop = text[5:7]
+    assert len(stop) == 2
+    eng = Engine(qwen2, EngineConfig(num_slots=2, stop_strings=(stop,)), GREEDY, seed=7, eos_id=None,
+                 tokenizer=tok)
+    sample = eng.generate([Request((0, 0, 0), p, 20)])[0]
+    first = next(k for k in range(1, 21) if stop in tok.decode(list(free_run.token_ids[:k])))
+    assert sample.finish_reason == "stop" and sample.token_ids == free_run.token_ids[:first]
+    assert tok.decode(list(sample.token_ids)).endswith(stop)
+
+
+def test_a_response_stops_at_the_context(qwen2):
+    eng = engine(qwen2, GREEDY, num_slots=2, max_context=32)
+    sample = eng.generate([Request((0, 0, 0), list(range(3, 23)), 50)])[0]
+    assert sample.finish_reason == "length" and len(sample.token_ids) == 32 - 20
+
+
+# ---- invariance -----------------------------------------------------------------------------------
+
+
+def _run(model, reqs, slots, invariant=True, threads=1):
+    torch.set_num_threads(threads)
+    return by_id(engine(model, num_slots=slots, batch_invariant=invariant).generate(reqs))
+
+
+def test_batch_invariant_tokens_and_logprobs_under_batch_size_slot_order_and_company(qwen2):
+    reqs = requests(40)
+    reference = _run(qwen2, reqs, 1)
+    runs = {
+        "7 slots": _run(qwen2, reqs, 7),
+        "32 slots": _run(qwen2, reqs, 32),
+        "32 slots, reversed order": _run(qwen2, reqs[::-1], 32),
+        "7 slots, other company": _run(qwen2, requests(30, seed=9, step=1) + reqs[::3], 7),
+    }
+    for name, run in runs.items():
+        for sid, sample in run.items():
+            if sid in reference:
+                assert sample.token_ids == reference[sid].token_ids, f"{name}: {sid}"
+                assert sample.logprobs == reference[sid].logprobs, f"{name}: {sid}"
+
+
+def test_fast_mode_tokens_do_not_depend_on_the_batch(qwen2):
+    reqs = requests(30)
+    one, many = _run(qwen2, reqs, 1, invariant=False), _run(qwen2, reqs[::-1], 16, invariant=False)
+    assert {sid: s.token_ids for sid, s in one.items()} == {sid: s.token_ids for sid, s in many.items()}
+    for sid, s in one.items():  # logprobs agree to float noise (bitwise needs batch_invariant)
+        assert torch.allclose(torch.tensor(s.logprobs), torch.tensor(many[sid].logprobs), atol=1e-5)
+
+
+def test_batch_invariance_with_two_threads(qwen2):
+    reqs = requests(10)
+    reference = _run(qwen2, reqs, 1)
+    two = _run(qwen2, reqs[::-1], 8, threads=2)
+    assert {sid: (s.token_ids, s.logprobs) for sid, s in two.items()} == \
+           {sid: (s.token_ids, s.logprobs) for sid, s in reference.items()}
+
+
+def test_sampling_seed_changes_tokens(qwen2):
+    reqs = requests(8)
+    a = by_id(engine(qwen2, num_slots=4, seed=1).generate(reqs))
+    b = by_id(engine(qwen2, num_slots=4, seed=2).generate(reqs))
+    assert any(a[sid].token_ids != b[sid].token_ids for sid in a)
+
+
+# ---- migration ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("invariant", [True, False])
+def test_abort_and_resume_on_another_engine_equals_the_uninterrupted_run(qwen2, invariant):
+    reqs = requests(24)
+    reference = _run(qwen2, reqs, 4, invariant)
+    first = engine(qwen2, num_slots=7, batch_invariant=invariant)
+    for r in reqs:
+        first.submit(r)
+    done = []
+    for _ in range(6):
+        done += first.step()
+    partials = first.abort()
+    assert first.idle and {p.finish_reason for p in partials} == {"abort"}
+    assert any(p.token_ids for p in partials) and any(not p.token_ids for p in partials)  # running and queued
+    assert len(done) + len(partials) == len(reqs)
+
+    second = engine(qwen2, num_slots=32, batch_invariant=invariant)
+    second.resume(partials[::2])
+    for _ in range(2):  # abort again, in the middle of a batch_invariant replay
+        done += second.step()
+    again = second.abort()
+    third = engine(qwen2, num_slots=3, batch_invariant=invariant)
+    third.resume(again + partials[1::2])
+    done += list(third.stream())
+
+    assert sorted(s.sample_id for s in done) == sorted(reference)  # nothing lost, nothing twice
+    for sample in done:
+        ref = reference[sample.sample_id]
+        assert sample.token_ids == ref.token_ids, sample.sample_id
+        if invariant:
+            assert sample.logprobs == ref.logprobs, sample.sample_id
+    assert second.replay_mismatches == third.replay_mismatches == 0
+
+
+def test_abort_selected_ids_keeps_the_rest_running(qwen2):
+    reqs = requests(6)
+    eng = engine(qwen2, num_slots=4)
+    for r in reqs:
+        eng.submit(r)
+    eng.step()
+    partials = eng.abort([reqs[0].sample_id, reqs[5].sample_id])
+    assert [p.sample_id for p in partials] == [reqs[0].sample_id, reqs[5].sample_id]
+    rest = list(eng.stream())
+    assert sorted(s.sample_id for s in rest) == sorted(r.sample_id for r in reqs[1:5])
+    with pytest.raises(PoiseError, match=r"\(0, 0, 0\)"):
+        eng.abort([reqs[0].sample_id])
+
+
+def test_resume_refuses_a_partial_from_other_weights(qwen2):
+    eng = engine(qwen2, num_slots=2)
+    eng.submit(Request((0, 0, 0), [4, 5], 10))
+    eng.step()
+    (partial,) = eng.abort()
+    other = Engine(qwen2, EngineConfig(num_slots=2), STOCHASTIC, seed=7, eos_id=None, weights_version=3)
+    with pytest.raises(RequestError, match="version 0 .* version 3"):
+        other.resume([partial])
+    assert other.idle
+
+
+# ---- weights -------------------------------------------------------------------------------------
+
+
+def test_load_weights_in_place_and_stamp_the_version(qwen2, other_qwen2):
+    new = other_qwen2
+    reqs = requests(6)
+    expected = by_id(engine(new, num_slots=3).generate(reqs))
+    eng = engine(qwen2, num_slots=3, weight_bucket_mb=0.01)  # many small buckets
+    before = by_id(eng.generate(reqs))
+    staged = []
+    original = eng._copy_bucket
+    eng._copy_bucket = lambda bucket: (staged.append(sum(t.numel() * t.element_size() for t, _ in bucket)),
+                                       original(bucket))
+    eng.load_weights(dict(new.named_parameters()), version=1)
+    after = by_id(eng.generate(reqs))
+    assert len(staged) > 3 and max(staged) <= 0.01 * 2**20 + max(p.numel() * 4 for p in new.parameters())
+    assert all(s.weights_version == 0 for s in before.values())
+    assert all(s.weights_version == 1 for s in after.values())
+    assert {sid: s.token_ids for sid, s in after.items()} == {sid: s.token_ids for sid, s in expected.items()}
+    # a state_dict (with the tied lm_head alias) is accepted too
+    eng.load_weights(new.state_dict(), version=2)
+    assert eng.version == 2
+
+
+@pytest.mark.parametrize("breakage", ["missing", "misshaped", "unknown"])
+def test_bad_weights_name_the_tensor_and_the_engine_keeps_serving(qwen2, other_qwen2, breakage):
+    reqs = requests(8)
+    expected = by_id(engine(qwen2, num_slots=3).generate(reqs))
+    tensors = dict(other_qwen2.named_parameters())
+    name = "model.layers.1.self_attn.k_proj.weight"
+    if breakage == "missing":
+        del tensors[name]
+    elif breakage == "misshaped":
+        tensors[name] = torch.zeros(3, 5)
+    else:
+        name = "model.layers.9.mlp.up_proj.weight"
+        tensors[name] = torch.zeros(1)
+    eng = engine(qwen2, num_slots=3)
+    for r in reqs:
+        eng.submit(r)
+    done = eng.step()
+    with pytest.raises(WeightsError, match=name.replace(".", r"\.")):
+        eng.load_weights(tensors, version=1)
+    done += list(eng.stream())
+    assert eng.version == 0
+    assert {s.sample_id: s.token_ids for s in done} == {sid: s.token_ids for sid, s in expected.items()}
+
+
+def test_load_weights_refuses_while_sequences_are_in_flight(qwen2, other_qwen2):
+    eng = engine(qwen2, num_slots=2)
+    eng.submit(Request((0, 0, 0), [4, 5], 10))
+    eng.step()
+    with pytest.raises(EngineBusyError, match="in flight"):
+        eng.load_weights(dict(other_qwen2.named_parameters()), version=1)
+    assert eng.version == 0 and len(list(eng.stream())) == 1
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad, match", [
+    (Request((0, 9, 0), list(range(3, 60)) * 2), r"\(0, 9, 0\).*prompt of 114 tokens.*context of 96"),
+    (Request((0, 9, 0), [4, 5], 0), r"\(0, 9, 0\).*max_new_tokens=0"),
+    (Request((0, 9, 0), [4, 5], -3), r"\(0, 9, 0\).*max_new_tokens=-3"),
+    (Request((0, 9, 0), []), r"\(0, 9, 0\).*empty prompt"),
+    (Request((0, 9, 0), [4, VOCAB + 1]), r"\(0, 9, 0\).*outside the vocabulary"),
+    (Request((0, 0, 0), [4, 5]), r"\(0, 0, 0\).*already queued or running"),
+])
+def test_bad_requests_name_themselves_and_the_rest_are_served(qwen2, bad, match):
+    reqs = requests(6)
+    expected = by_id(engine(qwen2, num_slots=3).generate(reqs))
+    eng = engine(qwen2, num_slots=3)
+    for r in reqs:
+        eng.submit(r)
+    done = eng.step()
+    with pytest.raises(RequestError, match=match) as err:
+        eng.submit(bad)
+    assert isinstance(err.value, PoiseError) and err.value.sample_id == bad.sample_id
+    done += list(eng.stream())
+    assert {s.sample_id: (s.token_ids, s.logprobs) for s in done} == \
+           {sid: (s.token_ids, s.logprobs) for sid, s in expected.items()}
+
+
+def test_generate_checks_every_request_before_running_any(qwen2):
+    eng = engine(qwen2, num_slots=3)
+    with pytest.raises(RequestError, match=r"\(0, 1, 0\)"):
+        eng.generate([Request((0, 0, 0), [4]), Request((0, 1, 0), [4], 0)])
+    assert eng.idle and eng.steps == 0
+    assert len(eng.generate([Request((0, 0, 0), [4], 3)])) == 1  # the good id is free again
+
+
+def test_config_errors_say_how_to_fix(qwen2):
+    with pytest.raises(PoiseError, match="num_slots"):
+        EngineConfig(num_slots=0)
+    with pytest.raises(PoiseError, match="max_context 500 exceeds"):
+        engine(qwen2, max_context=500)
+    with pytest.raises(PoiseError, match="need a tokenizer"):
+        Engine(qwen2, EngineConfig(stop_strings=("x",)), GREEDY, seed=0, eos_id=None)
