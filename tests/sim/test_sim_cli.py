@@ -1,0 +1,62 @@
+"""`poise simulate|plan|sweep|report`: bad input is one line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def poise(*args):
+    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(result, *fragments):
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("poise: error: "), result.stderr
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_unknown_scenario():
+    one_line_error(poise("simulate", "dynaresize-9xh20"), "unknown scenario 'dynaresize-9xh20'",
+                   "dynaresize-8xh20")
+
+
+def test_split_with_zero_devices_in_a_role():
+    one_line_error(poise("simulate", "dynaresize-8xh20", "split=[8,0]"), "split", "train has 0 devices")
+
+
+def test_negative_cooldown():
+    one_line_error(poise("simulate", "dynaresize-8xh20", "controller.cooldown_steps=-3"),
+                   "controller.cooldown_steps", "got -3")
+
+
+def test_trace_with_negative_length(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(json.dumps({"prompt_id": "a", "step": 0, "output_length": 12}) + "\n"
+                     + json.dumps({"prompt_id": "b", "step": 0, "output_length": -5}) + "\n")
+    one_line_error(poise("simulate", "streamrl-skew", f"workload.trace={trace}", f"--out={tmp_path}/run"),
+                   "bad.jsonl:2", "output_length -5")
+
+
+def test_report_of_a_missing_run(tmp_path):
+    one_line_error(poise("report", str(tmp_path / "nothing")), "not a run directory")
+
+
+def test_simulate_plan_sweep_report_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    r = poise("simulate", "dynaresize-8xh20", "steps=30", f"--out={out}", "--report")
+    assert r.returncode == 0, r.stderr
+    assert "resize at step" in r.stdout and (out / "report" / "index.html").is_file()
+    r = poise("plan", "dynaresize-8xh20", "--steps", "100")
+    assert r.returncode == 0, r.stderr
+    assert "recommended static split: 4:4" in r.stdout and "live resizing" in r.stdout
+    r = poise("sweep", "dynaresize-8xh20", "steps=30", "--param", "controller.consecutive=1,3",
+              f"--out={tmp_path}/sweep")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"]
+    assert [row["params"]["controller.consecutive"] for row in rows] == [1, 3]
+    assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 1000
