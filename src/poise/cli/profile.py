@@ -1,0 +1,78 @@
+"""`poise profile`: measure the rollout engine's decode/prefill costs as `poise-profile/1` JSON.
+
+    poise profile                              # the built-in tiny Qwen2, CPU
+    poise profile --model runs/sft/model --device cuda --dtype bfloat16 --out profile.json
+
+The simulator's cost model reads the file (`cost.profile: profile.json`; docs/profile-format.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from poise.errors import PoiseError
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers, e.g. 1,2,4,8")
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one integer")
+    return values
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="local HF checkpoint directory (Llama/Qwen2); default: the built-in tiny Qwen2")
+    parser.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
+    parser.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 16, 32), help="decode batch sizes")
+    parser.add_argument("--contexts", type=_ints, default=(32, 64, 128, 224), help="decode context lengths")
+    parser.add_argument("--prompts", type=_ints, default=(8, 16, 32, 64, 128), help="prefill prompt lengths")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (median kept)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (pin it: results depend on it)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from poise.model.loading import TinyModelConfig, build_tiny, load_model
+    from poise.rollout.profile import ProfileConfig, profile_model
+
+    torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise PoiseError(f"--device {args.device}: no CUDA device is available here; use --device cpu")
+    dtype = getattr(torch, args.dtype)
+    cfg = ProfileConfig(batch_sizes=args.batches, contexts=args.contexts, prompt_lengths=args.prompts,
+                        repeats=args.repeats)
+    if args.model:
+        model, name = load_model(args.model, dtype=dtype), Path(args.model).name
+    else:
+        tiny = TinyModelConfig()
+        model, name = build_tiny(tiny, vocab_size=60, seed=0).to(dtype), f"tiny-{tiny.arch}"
+    model = model.to(args.device)
+
+    interactive = sys.stderr.isatty()
+
+    def progress(done: int, total: int, what: str) -> None:
+        line = f"profile [{done}/{total}] {what}"
+        if interactive:
+            print(f"\r{line:<60}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    profile = profile_model(model, cfg, name, progress=progress)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    top = max(cfg.batch_sizes)
+    print(f"{name} on {profile['device']}: {profile['tokens_per_second']:,.0f} tokens/s at batch {top}; "
+          f"decode step {min(r['seconds_per_step'] for r in profile['decode']) * 1e3:.2f}-"
+          f"{max(r['seconds_per_step'] for r in profile['decode']) * 1e3:.2f} ms; wrote {out}")
+    return 0
