@@ -6,12 +6,14 @@ Each component receives only its own section (STYLE.md rule 3). Load with
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from poise.data.tasks import Phase, validate_phases
 from poise.model.loading import TinyModelConfig
+from poise.rollout.engine import EngineConfig
 from poise.rollout.sampling import SamplingConfig
 from poise.errors import ConfigError
 from poise.schema import check, help_factory, help_field, load
@@ -25,6 +27,7 @@ class RunConfig:
     checkpoint_every: int = help_field(10, "save a checkpoint every N steps (and at the last step); 0 = last only")
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
+    log_tokens: bool = help_field(False, "also write each sample's token ids into its events.jsonl line")
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
@@ -83,6 +86,8 @@ class AlgorithmConfig:
         "token", "token: mean over all response tokens of the step; sequence: mean per response, then over responses")
     scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = Dr.GRPO")
     micro_batch_size: int = help_field(16, "samples per micro-batch (canonical order by sample id)")
+    updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
+                                          "are cut into this many mini-batches of whole groups (PPO mini-batches)")
     sampling: SamplingConfig = help_factory(SamplingConfig, "rollout sampling")
 
     def __post_init__(self) -> None:
@@ -95,19 +100,57 @@ class AlgorithmConfig:
         check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
         check(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "must be >= 1")
+        check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
+        check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
+              f"must divide prompts_per_step ({self.prompts_per_step}) so each update gets whole groups")
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    mode: Literal["colocated"] = help_field("colocated", "colocated: one process, the semantic reference")
+    mode: Literal["colocated", "sync", "async"] = help_field(
+        "sync", "colocated: one process, the semantic reference; sync: disaggregated, samples of step k use "
+                "weights k; async: samples of step k use weights k-1 exactly (one-step overlap)")
+    streaming: bool = help_field(True, "train on samples as they arrive (dynamic-batch pipelining, StreamRL "
+                                       "§4.1); false waits for the whole batch")
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    devices: int = help_field(4, "devices (one worker actor each) in the job's placement group")
+    device: Literal["cpu", "cuda"] = help_field("cpu", "cpu: each device is a CPU worker with "
+                                                       "threads_per_device threads; cuda: one GPU per device")
     threads_per_device: int = help_field(1, "torch threads per device (pinned in bitwise mode)")
+    split: tuple[int, ...] = help_field((), "[rollout devices, train devices]; empty = the allocator decides")
+    address: str | None = help_field(None, "join this Ray cluster (host:port); null starts a local Ray")
+    connect_timeout_s: float = help_field(20.0, "give up joining a cluster or placing devices after this long")
+    compute: Literal["real", "emulated"] = help_field("real", "emulated: the same actors with engine and "
+                                                              "trainer compute replaced by sleeps from the cost model")
 
     def __post_init__(self) -> None:
+        check(self.devices >= 2, "devices", self.devices,
+              "a disaggregated job needs at least 2 devices (one rollout, one train); use pipeline.mode=colocated for 1")
         check(self.threads_per_device >= 1, "threads_per_device", self.threads_per_device, "must be >= 1")
+        if self.split:
+            check(len(self.split) == 2, "split", list(self.split), "give [rollout devices, train devices]")
+            check(min(self.split) >= 1, "split", list(self.split),
+                  "both roles need at least one device, e.g. [2, 2]")
+            check(sum(self.split) == self.devices, "split", list(self.split),
+                  f"must add up to cluster.devices ({self.devices})")
+        check(self.connect_timeout_s > 0, "connect_timeout_s", self.connect_timeout_s, "must be > 0")
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
+        "skew_aware", "which rollout instance gets which prompt (StreamRL §5.3 by default)")
+    ranker: Literal["history", "learned", "random"] = help_field(
+        "history", "output-length ranker for skew-aware and least-loaded dispatch")
+    long_tail_fraction: float = help_field(0.2, "predicted-longest fraction of prompts sent to tail instances")
+    tail_batch_cap: int = help_field(8, "live-batch cap of the long-tail instances")
+
+    def __post_init__(self) -> None:
+        check(0 < self.long_tail_fraction < 1, "long_tail_fraction", self.long_tail_fraction, "must be in (0, 1)")
+        check(self.tail_batch_cap >= 1, "tail_batch_cap", self.tail_batch_cap, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -116,12 +159,18 @@ class TrainConfig:
     model: ModelConfig = help_factory(ModelConfig, "policy model")
     data: DataConfig = help_factory(DataConfig, "prompts and tokenizer")
     algorithm: AlgorithmConfig = help_factory(AlgorithmConfig, "RL algorithm")
+    rollout: EngineConfig = help_factory(EngineConfig, "rollout engine (batch_invariant is forced on in "
+                                                       "determinism: bitwise)")
     pipeline: PipelineConfig = help_factory(PipelineConfig, "how rollout and training are arranged")
     cluster: ClusterConfig = help_factory(ClusterConfig, "devices")
+    dispatch: DispatchConfig = help_factory(DispatchConfig, "stream generation service dispatch")
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
 
     def __post_init__(self) -> None:
+        if self.determinism == "bitwise" and not self.rollout.batch_invariant:
+            # bitwise trajectories need batch-invariant decoding (DESIGN.md invariant 1)
+            object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, batch_invariant=True))
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions

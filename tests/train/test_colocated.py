@@ -11,6 +11,7 @@ from poise.train import colocated
 from poise.train.colocated import train_colocated
 
 FAST = [
+    "pipeline.mode=colocated",
     "run.progress=false",
     "algorithm.prompts_per_step=4",
     "algorithm.group_size=4",

@@ -33,9 +33,14 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
 
-    from poise.train.colocated import train_colocated
+    if cfg.pipeline.mode == "colocated":
+        from poise.train.colocated import train_colocated
 
-    rows = train_colocated(cfg, resume=bool(args.resume))
+        rows = train_colocated(cfg, resume=bool(args.resume))
+    else:
+        from poise.runtime.driver import train_disaggregated
+
+        rows = train_disaggregated(cfg, resume=bool(args.resume))
     if rows:
         first = rows[: min(5, len(rows))]
         last = rows[-min(5, len(rows)):]

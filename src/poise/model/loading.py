@@ -71,7 +71,9 @@ def build_tiny(cfg: TinyModelConfig, vocab_size: int, seed: int, eos_id: int = 2
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Load a causal LM from a local directory holding config.json and safetensors weights."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     path = Path(path)
     if not path.is_dir():
         raise PoiseError(f"model directory '{path}' does not exist; pass a local HF checkpoint "
@@ -87,14 +89,27 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
         raise PoiseError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
 
 
-def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:
-    """Save in HF format with safetensors weights (and the char tokenizer's marker file)."""
-    from transformers.utils import logging as hf_logging
+def save_hf_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Write `config.json` + `model.safetensors`, loadable by `from_pretrained`.
 
-    hf_logging.disable_progress_bar()  # no "Writing model shards" bar inside our own display
+    Not `save_pretrained`: inside an initialised torch.distributed world, transformers 5 writes
+    only on rank 0 (`should_save_on_this_rank`), and a train leader is rarely rank 0. Tied weights
+    are written once (named_parameters yields a tied tensor under its first name), as HF does.
+    """
+    from safetensors.torch import save_file
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path), safe_serialization=True)
+    model.config.name_or_path = ""  # keep run-specific paths out of the bytes
+    model.config.to_json_file(str(path / "config.json"), use_diff=True)
+    tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:
+    """Save in HF format with safetensors weights (and the char tokenizer's marker file)."""
+    path = Path(path)
+    save_hf_weights(model, path)
     save = getattr(tokenizer, "save", None)
     if save is not None:
         save(path)

@@ -32,11 +32,9 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
                     state: TrainState) -> Path:
     path = checkpoint_dir(run_dir, state.step)
     path.mkdir(parents=True, exist_ok=True)
-    from transformers.utils import logging as hf_logging
+    from poise.model.loading import save_hf_weights
 
-    hf_logging.disable_progress_bar()
-    model.config.name_or_path = ""  # keep the run directory's path out of the bytes
-    model.save_pretrained(str(path), safe_serialization=True)
+    save_hf_weights(model, path)
     names = {p: n for n, p in model.named_parameters()}
     tensors = {}
     for group in optimizer.param_groups:

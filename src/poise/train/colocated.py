@@ -18,7 +18,7 @@ from poise.algo.losses import group_advantages
 from poise.config import TrainConfig
 from poise.data.tasks import Problem, reward
 from poise.errors import PoiseError
-from poise.rollout.static import generate_static
+from poise.rollout.engine import Engine, Request
 from poise.runlog import RunLog
 from poise.schema import dump
 from poise.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -55,6 +55,8 @@ class ColocatedLoop:
         if algo.kl_coef > 0:
             ref = make_model(cfg, self.tokenizer, progress=False).requires_grad_(False).eval()
         self.trainer = PolicyTrainer(self.model, algo, self.tokenizer.pad_id, ref)
+        # The engine runs the trainer's own modules: colocated weights need no sync.
+        self.engine = Engine(self.model, cfg.rollout, algo.sampling, cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
         self.t0 = time.perf_counter()
 
@@ -64,9 +66,9 @@ class ColocatedLoop:
     # --- the phases of one step -------------------------------------------------------------
     def generate(self, step: int, problems: list[Problem]):
         g = self.cfg.algorithm.group_size
-        requests = [((step, i, j), encode_prompt(self.tokenizer, p)) for i, p in enumerate(problems) for j in range(g)]
-        return generate_static(self.model, requests, self.cfg.algorithm.sampling, self.cfg.run.seed,
-                               self.tokenizer.eos_id, self.tokenizer.pad_id, self.state.weights_version)
+        self.engine.version = self.state.weights_version
+        return self.engine.generate(Request((step, i, j), encode_prompt(self.tokenizer, p))
+                                    for i, p in enumerate(problems) for j in range(g))
 
     def score(self, problems: list[Problem], samples) -> dict[SampleId, float]:
         eos = self.tokenizer.eos_id
@@ -99,7 +101,8 @@ class ColocatedLoop:
         t_end = self.now()
         metrics = step_metrics(step, samples, rewards, problems, stats,
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})
-        log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics)
+        log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics,
+                        self.cfg.run.log_tokens)
         log.metrics(metrics)
         return metrics
 
@@ -142,13 +145,13 @@ def step_metrics(step: int, samples, rewards: dict[SampleId, float], problems: l
 
 
 def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_start: float, t_gen: float,
-                    t_score: float, t_end: float, metrics: dict) -> None:
+                    t_score: float, t_end: float, metrics: dict, log_tokens: bool = False) -> None:
     log.event("interval", t_start, device=0, role="rollout", phase="generate", step=step, start=t_start, end=t_gen)
     log.event("interval", t_gen, device=0, role="train", phase="score+update", step=step, start=t_gen, end=t_end)
     for s in samples:
         log.event("sample", t_gen, id=list(s.sample_id), step=step, prompt_id=problems[s.sample_id[1]].uid,
                   output_length=len(s.token_ids), weights_version=s.weights_version, instance=0, submit=t_start,
-                  finish=t_gen)
+                  finish=t_gen, **({"tokens": list(s.token_ids)} if log_tokens else {}))
     log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
               train_s=t_end - t_score, sync_s=0.0, reward_mean=metrics["reward_mean"], tokens=metrics["tokens"],
               split=None, mode="colocated")

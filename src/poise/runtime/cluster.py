@@ -1,0 +1,106 @@
+"""Starting or joining Ray, and the job's device pool (one placement group, a bundle per device).
+
+Without `cluster.address` Poise starts a local Ray (dashboard off, loopback only, one logical CPU
+per device so a 2-core machine can host 4-64 CPU devices). With it, Poise joins the cluster, and
+a cluster that does not answer is a clear error within `connect_timeout_s`, never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from poise.config import ClusterConfig
+from poise.errors import PoiseError
+
+
+def _check_address_answers(address: str, timeout_s: float) -> None:
+    """A TCP connect with a deadline: ray.init on a dead address can block far longer."""
+    host, _, port = address.rpartition(":")
+    if address.startswith("ray://") or not port.isdigit():
+        return  # let Ray parse other address forms
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as e:
+        raise PoiseError(f"cluster.address '{address}' does not answer ({e.strerror or e}); start the cluster "
+                         "(`ray start --head`) or drop cluster.address to run a local Ray") from None
+
+
+def connect(cfg: ClusterConfig) -> None:
+    """ray.init for this job, once per process (a test session shares one local Ray)."""
+    if cfg.address:
+        _check_address_answers(cfg.address, cfg.connect_timeout_s)
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if cfg.address:
+        error: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False)
+            except BaseException as e:  # surfaced below as a PoiseError
+                error.append(e)
+
+        thread = threading.Thread(target=join, daemon=True)
+        thread.start()
+        thread.join(cfg.connect_timeout_s)
+        if thread.is_alive() or error:
+            why = str(error[0]).splitlines()[0] if error else f"no answer within {cfg.connect_timeout_s:g} s"
+            raise PoiseError(f"cannot join Ray cluster at '{cfg.address}': {why}; check the address or drop "
+                             "cluster.address to run a local Ray")
+        return
+    start_local(num_cpus=max(cfg.devices, os.cpu_count() or 1),
+                num_gpus=(cfg.devices if cfg.device == "cuda" else 0))
+
+
+def start_local(num_cpus: int, num_gpus: int = 0) -> None:
+    if ray.is_initialized():
+        return
+    ray.init(num_cpus=num_cpus, num_gpus=num_gpus or None, include_dashboard=False, log_to_driver=True,
+             _node_ip_address="127.0.0.1", configure_logging=False,
+             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
+
+
+@dataclass
+class DevicePool:
+    """The job's placement group: bundle i is device i, held for the whole job."""
+
+    group: PlacementGroup
+    devices: int
+
+    def strategy(self, device: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=device)
+
+    def release(self) -> None:
+        remove_placement_group(self.group)
+
+
+def device_pool(cfg: ClusterConfig) -> DevicePool:
+    """Reserve one bundle per device, or fail clearly if the cluster cannot hold them."""
+    resource = "GPU" if cfg.device == "cuda" else "CPU"
+    have = ray.cluster_resources().get(resource, 0)
+    if have < cfg.devices:
+        raise PoiseError(f"cluster.devices={cfg.devices} but the Ray cluster has {have:g} {resource}s; "
+                         f"lower cluster.devices or add nodes")
+    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
+    group = placement_group([dict(bundle) for _ in range(cfg.devices)], strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise PoiseError(f"could not place {cfg.devices} devices within {cfg.connect_timeout_s:g} s (other jobs "
+                         "hold the resources?); lower cluster.devices or free the cluster")
+    return DevicePool(group, cfg.devices)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

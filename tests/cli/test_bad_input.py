@@ -1,0 +1,77 @@
+"""Bad input gets one clear line and a non-zero exit, never a traceback (issue: foundation)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def poise(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("poise: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_unknown_config_key(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algorithm:\n  learning_rate: 0.1\n")
+    assert_one_line_error(poise("train", str(cfg), f"run.dir={tmp_path}/run"), "algorithm.learning_rate",
+                          "unknown key")
+    assert not (tmp_path / "run").exists()  # failed before any work
+
+
+def test_unknown_override_key(tmp_path):
+    assert_one_line_error(poise("train", "algorithm.group_sise=4", f"run.dir={tmp_path}/run"),
+                          "algorithm.group_sise", "did you mean 'group_size'")
+
+
+def test_group_size_one_with_grpo(tmp_path):
+    assert_one_line_error(poise("train", "algorithm.group_size=1", f"run.dir={tmp_path}/run"),
+                          "algorithm.group_size", "got 1", "group_size >= 2")
+
+
+def test_yaml_syntax_error(tmp_path):
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("run:\n  steps: [1, 2\n  seed: 0\n")
+    assert_one_line_error(poise("train", str(cfg)), "YAML syntax error", str(cfg))
+
+
+def test_model_directory_that_does_not_exist(tmp_path):
+    missing = tmp_path / "no-such-model"
+    assert_one_line_error(poise("train", f"model.path={missing}", f"run.dir={tmp_path}/run", "run.progress=false"),
+                          str(missing), "does not exist")
+
+
+def test_dataset_row_without_answer(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n" + json.dumps({"prompt": "2+2"}) + "\n")
+    assert_one_line_error(poise("train", f"data.dataset={data}", f"run.dir={tmp_path}/run", "run.progress=false"),
+                          f"{data}:2", "no 'answer'")
+
+
+def test_wrong_type_and_range(tmp_path):
+    assert_one_line_error(poise("train", "algorithm.lr=fast", f"run.dir={tmp_path}/run"), "algorithm.lr", "number")
+    assert_one_line_error(poise("train", "algorithm.sampling.top_p=1.5", f"run.dir={tmp_path}/run"),
+                          "algorithm.sampling.top_p", "(0, 1]")
+
+
+def test_resume_without_a_run(tmp_path):
+    assert_one_line_error(poise("train", "--resume", str(tmp_path / "nothing")), "--resume", "config.yaml")
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert_one_line_error(poise("train", f"run.dir={run}"), "already holds a run", "--resume")
+    assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'  # nothing lost
