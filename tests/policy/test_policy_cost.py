@@ -76,3 +76,20 @@ def test_bad_cost_values_are_config_errors():
         CostConfig(train_per_token_s=-1.0)
     with pytest.raises(ConfigError, match="sync_bandwidth"):
         CostConfig(sync_bandwidth=0.0)
+
+
+def test_linear_fast_path_matches_the_general_path():
+    import random
+
+    c = CostModel(CostConfig(decode_per_kv_token_s=3e-8, prefill_per_token_s=5e-5))
+    general = CostModel(c.cfg)
+    general._decode_grid = [(0.0, None)]  # force the general path; decode_step_s is patched below
+    general.decode_step_s = c.decode_step_s  # type: ignore[method-assign]
+    general.prefill_s = c.prefill_s  # type: ignore[method-assign]
+    general._prefill = object()
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 900) for _ in range(150)]
+    prompts = [rng.randint(0, 400) for _ in range(150)]
+    fast = instance_finish_times(c, lengths, prompts, 16, 3.0)
+    slow = instance_finish_times(general, lengths, prompts, 16, 3.0)
+    assert fast == pytest.approx(slow, rel=1e-12)

@@ -242,6 +242,8 @@ def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: 
         return finish
     if batch_cap < 1:
         raise ConfigError("batch_cap", batch_cap, "must be >= 1 slot")
+    if cost._decode_grid is None and cost._prefill is None:
+        return _finish_times_linear(cost.cfg, lengths, prompt_lens, batch_cap, start)
     t = start
     idx = 0  # decode steps taken so far on this instance
     live: list[tuple[int, int]] = []  # (decode step at which it finishes, request)
@@ -262,6 +264,43 @@ def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: 
         idx = f
         while live and live[0][0] == idx:
             _, i = heapq.heappop(live)
+            finish[i] = t
+            ctx_base -= prompt_lens[i] - admit_step[i]
+    return finish
+
+
+def _finish_times_linear(c: CostConfig, lengths: Sequence[int], prompt_lens: Sequence[int],
+                         batch_cap: int, start: float) -> list[float]:
+    """`instance_finish_times` for the hand-written linear model with the arithmetic inlined
+    (the simulator's hot loop); must give the same numbers as the general path (tested)."""
+    base, per_seq, per_kv, per_prefill = (c.decode_base_s, c.decode_per_seq_s,
+                                          c.decode_per_kv_token_s, c.prefill_per_token_s)
+    n = len(lengths)
+    finish = [0.0] * n
+    t = start
+    idx = 0
+    live: list[tuple[int, int]] = []
+    ctx_base = 0
+    admit_step = [0] * n
+    nxt = 0
+    push, pop = heapq.heappush, heapq.heappop
+    while nxt < n or live:
+        while nxt < n and len(live) < batch_cap:
+            length = int(lengths[nxt])
+            plen = prompt_lens[nxt]
+            t += per_prefill * plen
+            push(live, (idx + (length if length > 1 else 1), nxt))
+            admit_step[nxt] = idx
+            ctx_base += plen - idx
+            nxt += 1
+        f = live[0][0]
+        b = len(live)
+        steps = f - idx
+        # steps x (base + per_seq*b + per_kv*mean context sum), contexts growing b per step
+        t += steps * (base + per_seq * b + per_kv * (ctx_base + b * idx + b * (steps - 1) / 2.0))
+        idx = f
+        while live and live[0][0] == idx:
+            i = pop(live)[1]
             finish[i] = t
             ctx_base -= prompt_lens[i] - admit_step[i]
     return finish
