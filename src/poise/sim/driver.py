@@ -279,7 +279,7 @@ class Simulation:
         if self.controller is None:
             return None
         obs = StepObservation(rec.step, rec.train_end, rec.split, rec.rollout_s, rec.train_s, rec.step_s,
-                              tuple(s.output_length for s in samples), self.prompt_len)
+                              tuple(s.output_length for s in samples), _mean_prompt_len(samples))
         decision = self.controller.observe(obs)
         self.decisions.append(decision)
         if decision.action == "resize" or decision.signal:
