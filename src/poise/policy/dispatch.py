@@ -142,17 +142,19 @@ class SkewAwareDispatcher:
         self.ranker, self.cost, self.prompt_len = ranker, cost, prompt_len
         self.fraction, self.tail_cap, self.tail_instances = long_tail_fraction, tail_batch_cap, tail_instances
 
-    def _makespan(self, pred: Sequence[float], groups: dict[int, list[int]], cap: int) -> float:
+    def _makespan(self, pred: Sequence[float], plens: Sequence[int], groups: dict[int, list[int]],
+                  cap: int) -> float:
         worst = 0.0
         for items in groups.values():
             if items:
                 lens = [max(1, int(pred[i])) for i in items]
-                worst = max(worst, max(instance_finish_times(self.cost, lens, [self.prompt_len] * len(lens), cap)))
+                worst = max(worst, max(instance_finish_times(self.cost, lens, [plens[i] for i in items], cap)))
         return worst
 
     def plan(self, prompts: Sequence[Prompt], instances: Sequence[InstanceInfo]) -> DispatchPlan:
         _check_instances(instances)
         pred = self.ranker.scores(prompts)
+        plens = [p.tokens or self.prompt_len for p in prompts]
         ids = [x.instance_id for x in instances]
         caps = {x.instance_id: x.batch_cap for x in instances}
         n = len(ids)
@@ -176,8 +178,8 @@ class SkewAwareDispatcher:
         for k, n_tail in options:
             tail_groups = lpt_assign(pred, ranked[:n_tail], ids[:k]) if k else {}
             reg_groups = lpt_assign(pred, ranked[n_tail:], ids[k:])
-            span = max(self._makespan(pred, tail_groups, self.tail_cap) if k else 0.0,
-                       self._makespan(pred, reg_groups, reg_cap))
+            span = max(self._makespan(pred, plens, tail_groups, self.tail_cap) if k else 0.0,
+                       self._makespan(pred, plens, reg_groups, reg_cap))
             if best is None or span < best[0] - 1e-9:
                 best = (span, k, n_tail, tail_groups, reg_groups)
         assert best is not None

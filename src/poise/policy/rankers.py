@@ -28,11 +28,13 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 @dataclass(frozen=True)
 class Prompt:
-    """A prompt as a ranker sees it: a stable id, its text and/or precomputed features."""
+    """A prompt as a ranker and a dispatcher see it: a stable id, its text and/or precomputed
+    features, and its length in tokens (0 = unknown; the dispatcher then assumes its default)."""
 
     prompt_id: str
     text: str = ""
     features: Mapping[str, float] = field(default_factory=dict)
+    tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,8 @@ class ParametricWorkload:
                     mean = fam.median * (1.0 - rng.random()) ** (-1.0 / fam.alpha)
                 else:
                     mean = fam.median
-                prompt = Prompt(f"p{phase}-{i:06d}", features={f"family={fam.name}": 1.0})
+                prompt = Prompt(f"p{phase}-{i:06d}", features={f"family={fam.name}": 1.0},
+                                tokens=fam.prompt_len)
                 pool.append((prompt, fam.prompt_len, min(mean, float(fam.max_len)), fam.max_len))
             self._pools[phase] = pool
         return self._pools[phase]
@@ -211,7 +212,7 @@ class TraceWorkload:
         for pid, length, plen in rows:
             pi = index.setdefault(pid, len(index))
             si = seen[pi] = seen.get(pi, -1) + 1
-            out.append(SimSample((k, pi, si), Prompt(pid), plen, length))
+            out.append(SimSample((k, pi, si), Prompt(pid, tokens=plen), plen, length))
         return out
 
 
