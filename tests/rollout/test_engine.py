@@ -301,7 +301,11 @@ def test_load_weights_refuses_while_sequences_are_in_flight(qwen2, other_qwen2):
     eng.step()
     with pytest.raises(EngineBusyError, match="in flight"):
         eng.load_weights(dict(other_qwen2.named_parameters()), version=1)
+    with pytest.raises(EngineBusyError, match="in flight"):
+        eng.set_weights_version(1)
     assert eng.version == 0 and len(list(eng.stream())) == 1
+    eng.set_weights_version(4)  # colocated: the shared module was updated in place
+    assert eng.generate([Request((0, 1, 0), [4, 5], 2)])[0].weights_version == 4
 
 
 # ---- bad input --------------------------------------------------------------------------------------

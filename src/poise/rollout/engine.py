@@ -140,8 +140,9 @@ class _Sequence:
 class Engine:
     """Continuous-batching rollout engine over a transformers Llama/Qwen2 model.
 
-    model: a Llama/Qwen2 `...ForCausalLM` (eval mode is set; its parameters are the engine's
-    weights and keep their HF names). eos_id: the token that ends a response, or None for an
+    model: a Llama/Qwen2 `...ForCausalLM`; its parameters are the engine's weights and keep their
+    HF names (the engine never changes its mode: it calls the projections, norms and MLPs, none of
+    which use dropout, so a colocated trainer may share the module). eos_id: the token that ends a response, or None for an
     EOS-free workload. tokenizer: needed only for stop strings. clock: seconds, injectable.
     on_sample: called with each finished sample as soon as it finishes.
     """
@@ -152,7 +153,7 @@ class Engine:
                  on_sample: Callable[[Sample], None] | None = None):
         if cfg.stop_strings and tokenizer is None:
             raise PoiseError(f"stop_strings {cfg.stop_strings} need a tokenizer; pass tokenizer= to Engine")
-        self.model = model.eval()
+        self.model = model
         self.cfg, self.sampling, self.seed, self.eos_id = cfg, sampling, seed, eos_id
         self.tokenizer, self.clock, self.on_sample = tokenizer, clock, on_sample
         self.version = weights_version
@@ -479,11 +480,7 @@ class Engine:
                                            "(a partial update would mix two weights versions)")
         if not isinstance(version, int):
             raise PoiseError(f"load_weights version must be an int, got {version!r}")
-        in_flight = self.num_running + sum(1 for seq in self._queue if seq.tokens)
-        if in_flight:
-            raise EngineBusyError(f"load_weights with {in_flight} sequences in flight would mix weights versions "
-                                  f"{self.version} and {version} in one sample; drain them (stream()) or abort "
-                                  "them first")
+        self._check_not_in_flight(version)
         limit = int(self.cfg.weight_bucket_mb * 2**20)
         bucket: list[tuple[torch.Tensor, torch.Tensor]] = []
         size = 0
@@ -498,6 +495,21 @@ class Engine:
                 bucket, size = [], 0
         self._copy_bucket(bucket)
         self.version = version
+
+    def set_weights_version(self, version: int) -> None:
+        """Colocated use: the trainer updated the shared model in place; stamp later samples with
+        `version`. Same in-flight rule as `load_weights`."""
+        if not isinstance(version, int):
+            raise PoiseError(f"weights version must be an int, got {version!r}")
+        self._check_not_in_flight(version)
+        self.version = version
+
+    def _check_not_in_flight(self, version: int) -> None:
+        in_flight = self.num_running + sum(1 for seq in self._queue if seq.tokens)
+        if in_flight:
+            raise EngineBusyError(f"changing weights with {in_flight} sequences in flight would mix weights "
+                                  f"versions {self.version} and {version} in one sample; drain them (stream()) "
+                                  "or abort them first")
 
     @torch.no_grad()
     def _copy_bucket(self, bucket: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
