@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -245,6 +246,12 @@ def test_resume_refuses_a_partial_from_other_weights(qwen2):
     with pytest.raises(RequestError, match="version 0 .* version 3"):
         other.resume([partial])
     assert other.idle
+    fine = Engine(qwen2, EngineConfig(num_slots=2), STOCHASTIC, seed=7, eos_id=None)
+    with pytest.raises(RequestError, match="only aborted"):  # all or nothing
+        fine.resume([partial, dataclasses.replace(partial, sample_id=(0, 1, 0), finish_reason="length")])
+    assert fine.idle
+    fine.resume([partial])
+    assert len(list(fine.stream())) == 1
 
 
 # ---- weights -------------------------------------------------------------------------------------

@@ -199,6 +199,10 @@ class Engine:
         budget = self.sampling.max_new_tokens if max_new is None else max_new
         if not isinstance(budget, int) or budget <= 0:
             raise RequestError(sample_id, f"max_new_tokens={budget!r}; it must be a positive integer")
+        if tokens and (len(prompt) + len(tokens) >= self.context or len(tokens) >= budget):
+            raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
+                                          f"room left (context {self.context}, budget {budget}); resume it on an "
+                                          "engine with the same max_context")
         seq = _Sequence(sample_id, prompt, budget, self.clock())
         if tokens:
             seq.tokens = list(tokens)
@@ -422,21 +426,29 @@ class Engine:
     def resume(self, partials: Iterable[Sample]) -> None:
         """Queue partial samples (from `abort` on this or another engine) to continue, ahead of
         new requests. The continued sample equals the one an uninterrupted run produces."""
-        seqs = []
-        for partial in partials:
-            if partial.finish_reason != "abort":
-                raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
-                                                      "aborted partial samples can be resumed")
-            if partial.token_ids and partial.weights_version != self.version:
-                raise RequestError(partial.sample_id, f"was generated under weights version "
-                                                      f"{partial.weights_version} but this engine holds version "
-                                                      f"{self.version}; resume it where the weights match")
-            seq = self._admit_check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
-                                    list(partial.token_ids))
-            seq.logprobs = list(partial.logprobs)
-            seq.submit_time = partial.submit_time
-            seqs.append(seq)
+        seqs: list[_Sequence] = []
+        try:
+            for partial in partials:
+                seqs.append(self._resume_check(partial))
+        except RequestError:
+            for seq in seqs:  # all or nothing: the engine stays as it was
+                self._known.discard(seq.sample_id)
+            raise
         self._queue.extendleft(reversed(seqs))
+
+    def _resume_check(self, partial: Sample) -> _Sequence:
+        if partial.finish_reason != "abort":
+            raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
+                                                  "aborted partial samples can be resumed")
+        if partial.token_ids and partial.weights_version != self.version:
+            raise RequestError(partial.sample_id, f"was generated under weights version "
+                                                  f"{partial.weights_version} but this engine holds version "
+                                                  f"{self.version}; resume it where the weights match")
+        seq = self._admit_check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
+                                list(partial.token_ids))
+        seq.logprobs = list(partial.logprobs)
+        seq.submit_time = partial.submit_time
+        return seq
 
     # ---- weights ----------------------------------------------------------------------------
 
