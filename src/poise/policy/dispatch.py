@@ -169,7 +169,10 @@ class SkewAwareDispatcher:
             ks = [self.tail_instances] if self.tail_instances is not None else \
                 sorted({k for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, n // 8,
                                     n // 4, n // 2) if 1 <= k <= n - 1})
-            for frac in (self.fraction, self.fraction / 2):
+            # With a fixed tail group only the configured fraction is tried (one candidate, so
+            # no makespan needs pricing: the large-pool fast path).
+            fracs = (self.fraction,) if self.tail_instances is not None else (self.fraction, self.fraction / 2)
+            for frac in fracs:
                 n_tail = int(round(frac * len(prompts)))
                 if n_tail:
                     options += [(min(max(1, k), n - 1), n_tail) for k in ks]
@@ -178,6 +181,9 @@ class SkewAwareDispatcher:
         for k, n_tail in options:
             tail_groups = lpt_assign(pred, ranked[:n_tail], ids[:k]) if k else {}
             reg_groups = lpt_assign(pred, ranked[n_tail:], ids[k:])
+            if len(options) == 1:
+                best = (0.0, k, n_tail, tail_groups, reg_groups)
+                break
             span = max(self._makespan(pred, plens, tail_groups, self.tail_cap) if k else 0.0,
                        self._makespan(pred, plens, reg_groups, reg_cap))
             if best is None or span < best[0] - 1e-9:
