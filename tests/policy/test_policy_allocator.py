@@ -48,3 +48,14 @@ def test_allocator_balances_a_throughput_bound_workload():
 def test_predict_step_rejects_partial_instances():
     with pytest.raises(ConfigError, match="multiple of devices_per_instance"):
         predict_step(CostModel(), StepWorkload((10,), 0), Split(3, 5), "sync", devices_per_instance=2)
+
+
+def test_pipeline_rules():
+    from poise.policy.pipeline import micro_batch_of, weights_version
+
+    assert [weights_version(k, "sync") for k in range(3)] == [0, 1, 2]
+    assert [weights_version(k, "async") for k in range(3)] == [0, 0, 1]
+    with pytest.raises(ConfigError):
+        weights_version(1, "lazy")
+    assert [micro_batch_of(p, 8, 4) for p in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [micro_batch_of(p, 3, 8) for p in range(3)] == [0, 2, 5]

@@ -10,6 +10,7 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   controller.py  ResizeController.observe(StepObservation) -> Decision (DynaResize §3.4)
   dispatch.py    round_robin / random / least_loaded / skew_aware dispatchers (StreamRL §5.3)
   rankers.py     oracle / random / history / learned length rankers, recall_at (StreamRL §5.2)
+  pipeline.py    weights_version (staleness rule), micro_batch_of (canonical micro-batches)
 """
 
 from poise.policy.allocator import Allocation, StepPrediction, StepWorkload, allocate, predict_step
@@ -21,6 +22,7 @@ from poise.policy.dispatch import (DispatchPlan, Dispatcher, InstanceInfo, Least
                                    make_dispatcher)
 from poise.policy.rankers import (Finished, HistoryRanker, LearnedRanker, LengthRanker,
                                   OracleRanker, Prompt, RandomRanker, make_ranker, recall_at)
+from poise.policy.pipeline import micro_batch_of, weights_version
 from poise.policy.split import Split, all_splits
 
 __all__ = [
@@ -30,5 +32,6 @@ __all__ = [
     "DispatchPlan", "Dispatcher", "InstanceInfo", "LeastLoadedDispatcher", "RandomDispatcher",
     "RoundRobinDispatcher", "SkewAwareDispatcher", "make_dispatcher",
     "Finished", "HistoryRanker", "LearnedRanker", "LengthRanker", "OracleRanker", "Prompt",
-    "RandomRanker", "make_ranker", "recall_at", "Split", "all_splits",
+    "RandomRanker", "make_ranker", "recall_at", "Split", "all_splits", "micro_batch_of",
+    "weights_version",
 ]

@@ -23,10 +23,10 @@ from typing import Literal, Sequence
 
 from poise.errors import ConfigError
 from poise.policy.cost import CostModel, instance_finish_times
+from poise.policy.pipeline import PIPELINE_MODES
 from poise.policy.split import Split, all_splits
 
 PipelineMode = Literal["sync", "stream", "async"]
-PIPELINE_MODES = ("sync", "stream", "async")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from poise.policy.allocator import StepWorkload, allocate
 from poise.policy.controller import Decision, ResizeController, StepObservation
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, make_dispatcher
+from poise.policy.pipeline import micro_batch_of, weights_version
 from poise.policy.rankers import Finished, Prompt, make_ranker
 from poise.policy.split import Split, all_splits, parse_splits
 from poise.runlog import RunLog
@@ -167,7 +168,7 @@ class Simulation:
         pending: Decision | None = None
         for k in range(sc.steps):
             samples = self.workload.step(k)
-            version = max(k - 1, 0) if sc.mode == "async" else k
+            version = weights_version(k, sc.mode)
             ready = train_end[version - 1] + self.sync_s if version >= 1 else 0.0
             if pending is not None and sc.mode != "async":  # nothing in flight: resize now
                 end, bg_ready = self._resize(pending, train_end[-1], k)
@@ -247,7 +248,7 @@ class Simulation:
             ready = [0.0] * m
             tokens = [0] * m
             for s, f in zip(samples, finish):
-                j = s.sample_id[1] * m // n_prompts  # micro-batch by prompt index
+                j = micro_batch_of(s.sample_id[1], n_prompts, m)
                 ready[j] = max(ready[j], f)
                 tokens[j] += s.output_length + s.prompt_len
             t = start = free
