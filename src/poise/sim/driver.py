@@ -167,6 +167,7 @@ class Simulation:
         bg_ready = 0.0  # deferred optimizer restore of a live resize done
         pending: Decision | None = None
         for k in range(sc.steps):
+            resized = 0.0  # critical-path seconds of a resize inside this step
             samples = self.workload.step(k)
             version = weights_version(k, sc.mode)
             ready = train_end[version - 1] + self.sync_s if version >= 1 else 0.0
@@ -174,7 +175,7 @@ class Simulation:
                 end, bg_ready = self._resize(pending, train_end[-1], k)
                 gen_free = train_free = end
                 ready = max(ready, end + self.sync_s)
-                pending = None
+                pending, resized = None, end - train_end[-1]
             gen_start = max(ready, gen_free)
             finish, instance_of = self.generate(k, samples, gen_start)
             gen_end = max(finish)
@@ -182,14 +183,14 @@ class Simulation:
             if pending is not None:  # async: step k's generation drained on the old split
                 end, bg_ready = self._resize(pending, max(train_end[-1], gen_end), k)
                 gen_free = train_free = end
-                pending = None
+                pending, resized = None, end - max(train_end[-1], gen_end)
             train_start, t_end, train_busy = self.train(samples, finish, gen_end, train_free, bg_ready)
             train_free = t_end
             prev = train_end[-1] if train_end else 0.0
             train_end.append(t_end)
             rec = StepRecord(k, self.split, gen_start, gen_end, train_start, t_end, gen_end - gen_start,
                              train_busy, self.sync_s, t_end - prev,
-                             sum(s.output_length for s in samples))
+                             sum(s.output_length for s in samples), resized)
             self.records.append(rec)
             self._account(rec)
             self._log_step(rec, samples, finish, instance_of, version)
@@ -277,7 +278,9 @@ class Simulation:
         return start, end, busy
 
     def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> Decision | None:
-        if self.controller is None:
+        if self.controller is None or rec.resize_s > 0:
+            # The step that absorbed a resize mixes two splits (in async its generation ran on
+            # the old one): nothing the controller should calibrate on, and it is in cooldown.
             return None
         obs = StepObservation(rec.step, rec.train_end, rec.split, rec.rollout_s, rec.train_s, rec.step_s,
                               tuple(s.output_length for s in samples), _mean_prompt_len(samples))
