@@ -260,16 +260,13 @@ class Engine:
         step = StepInputs()
         rows: list[_Sequence | None] = []
         if running:
-            lo, hi = running[0], running[-1] + 1
-            step.attend_lo, step.attend_hi = lo, hi
-            live = set(running)
-            for slot in range(lo, hi):
-                seq = self._slots.get(slot) if slot in live else None
-                rows.append(seq)  # None: a padding row (free or just-admitted slot)
-                if seq is not None:
-                    step.decode_slots.append(slot)
-                    step.decode_tokens.append(seq.tokens[-1])
-                    step.decode_positions.append(seq.cached)
+            step.attend_lo, step.attend_hi = running[0], running[-1] + 1
+            for slot in running:
+                seq = self._slots[slot]
+                rows.append(seq)
+                step.decode_slots.append(slot)
+                step.decode_tokens.append(seq.tokens[-1])
+                step.decode_positions.append(seq.cached)
             step.attend_len = max(step.decode_positions) + 1
         for seq in admitted:  # a resumed partial re-prefills prompt + generated tokens at once
             step.prefills.append((seq.slot, seq.prompt + seq.tokens))
@@ -285,7 +282,7 @@ class Engine:
             members = [self._slots.get(s) for s in range(lo, lo + tile)]
             if not any(members):
                 continue
-            step = StepInputs(attend_lo=lo, attend_hi=lo + tile, attend_len=self.context)
+            step = StepInputs(attend_lo=lo, attend_hi=lo + tile, attend_len=self.context, fixed_shape=True)
             for seq in members:
                 if seq:  # idle slots get padding rows: the runner keeps the tile at its full shape
                     step.decode_slots.append(seq.slot)

@@ -31,9 +31,11 @@ class StepInputs:
     attends to positions [0, position] of its slot over cache positions [0, attend_len).
     prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
 
-    Decode runs densely over every slot of [attend_lo, attend_hi): a slot in that range with no
-    decode row gets a padding row (writes to the scratch row, output dropped). Batch-invariant
-    tiles rely on this: the shapes depend on the range, never on which slots are live.
+    fixed_shape: decode runs over every slot of [attend_lo, attend_hi): a slot with no decode
+    row gets a padding row (writes to the scratch row), and the logits keep one row per slot of
+    the range. Batch-invariant tiles rely on this: the shapes depend on the range, never on which
+    slots are live. Otherwise only the decode rows are computed (a padding row costs as much as a
+    real one) and only attention spans the range.
     """
 
     decode_slots: list[int] = field(default_factory=list)
@@ -43,6 +45,7 @@ class StepInputs:
     attend_lo: int = 0
     attend_hi: int = 0
     attend_len: int = 0
+    fixed_shape: bool = False
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -85,10 +88,14 @@ class DecoderRunner:
 
     @torch.inference_mode()
     def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
-        """Logits [rows, vocab] (float32): one row per attended slot (slot attend_lo + i; padding
-        rows included, so a fixed-shape tile stays fixed through lm_head), then each prefill's
-        last token."""
-        tokens, positions, slots = self._dense_decode_rows(step, cache.scratch)
+        """Logits [rows, vocab] (float32): the decode rows (with fixed_shape, one per slot of the
+        attended range, padding included), then each prefill's last token."""
+        n_attend = step.attend_hi - step.attend_lo
+        compact = not step.fixed_shape and len(step.decode_slots) < n_attend
+        if step.fixed_shape:
+            tokens, positions, slots = self._dense_decode_rows(step, cache.scratch)
+        else:
+            tokens, positions, slots = list(step.decode_tokens), list(step.decode_positions), list(step.decode_slots)
         n_decode = len(tokens)
         seg_lengths = [len(seg) for _, seg in step.prefills]
         for (slot, seg), length in zip(step.prefills, seg_lengths):
@@ -102,10 +109,15 @@ class DecoderRunner:
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        rel = None
         if n_decode:
+            attend_pos = position_ids[:n_decode]
+            if compact:  # decode rows -> their slots' offsets in the attended range
+                rel = slot_ids[:n_decode] - step.attend_lo
+                attend_pos = attend_pos.new_zeros(n_attend).index_copy_(0, rel, attend_pos)
             key_pos = torch.arange(step.attend_len, device=self.device)
-            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (padding rows: 0)
-            decode_mask = (key_pos[None, :] <= position_ids[:n_decode, None])[:, None, None, :]
+            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (idle slots: 0)
+            decode_mask = (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
         prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > 1 else None
 
         for index, layer in enumerate(self.layers):
@@ -120,7 +132,7 @@ class DecoderRunner:
 
             parts = []
             if n_decode:
-                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask))
+                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask, rel))
             if seg_lengths:
                 parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -147,19 +159,23 @@ class DecoderRunner:
         return tokens, positions, slots
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
-                          mask: torch.Tensor) -> torch.Tensor:
-        """q: [attended slots, heads, head_dim] -> [attended slots, heads * head_dim].
+                          mask: torch.Tensor, rel: torch.Tensor | None) -> torch.Tensor:
+        """q: [decode rows, heads, head_dim] -> [decode rows, heads * head_dim].
 
         mask: [attended slots, 1, 1, attend_len] bool, True where a slot may attend.
+        rel: [decode rows] offsets of their slots in the range, or None if the rows are the range.
         """
         n_attend = step.attend_hi - step.attend_lo
+        if rel is not None:
+            q = q.new_zeros((n_attend, self.num_heads, self.head_dim)).index_copy_(0, rel, q)
         # GQA without copying the cache: the `group` query heads that share a key/value head become
         # `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
         q = q.view(n_attend, self.num_kv_heads, self.group, self.head_dim)
         keys = cache.keys[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
         values = cache.values[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-        return out.reshape(n_attend, self.num_heads * self.head_dim)
+        out = out.reshape(n_attend, self.num_heads * self.head_dim)
+        return out if rel is None else out.index_select(0, rel)
 
     def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
