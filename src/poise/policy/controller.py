@@ -10,13 +10,16 @@ Interface (runtime driver, simulator):
                                            output_lengths, prompt_len))
     if decision.action == "resize": apply decision.to_split   # the controller assumes it is applied
 
+The driver should not call `observe` for the step that absorbed a resize (it mixes two splits);
+the cooldown holds anyway.
+
 Every `Decision` carries a human-readable `reason`, the predicted gain per step, the predicted
 resize cost and the break-even step count, and is logged as a `decision` event.
 
 The signal. The cost model prices every allowed split on each step's output lengths (averaged
-over the last `window` steps); its stage
-times are calibrated to the observed ones (observed / predicted at the current split), so a
-model that is wrong by a constant factor still ranks splits correctly. The signal is the
+over the last `window` steps); its stage times are calibrated to the observed ones (observed /
+predicted at the observed split), so a model that is wrong by a constant factor still ranks
+splits correctly. The signal is the
 relative gain of the best split over the current one. The paper's signal is the raw
 imbalance between stage times; ours is equivalent for the async pipeline (where the step is
 the slower stage) and also right for sync, where balancing stages is not the goal.
@@ -30,8 +33,8 @@ The filters, in the order they are applied (each can hold the split, with its re
   break-even   gain per step x expected persistence must exceed the resize cost
 Expected persistence: how many more steps the current regime will last. A regime is a run of
 steps over which the same split stays within `threshold` of the best one (so near-ties between
-two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`; after, it is
-the mean length of the ended regimes minus this one's age. Departure from the paper, which
+two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`;
+after, it is the mean length of the ended regimes minus this one's age. Departure from the paper, which
 sets a >10-step cooldown from the measured break-even of its one workload (the circularity its
 reviewers flagged): ours checks break-even against the workload's own observed persistence.
 """
@@ -52,7 +55,7 @@ from poise.schema import check, help_field
 class ControllerConfig:
     threshold: float = help_field(0.15, "relative predicted gain of the best split over the "
                                   "current one that counts as an imbalance signal (0.15 = 15%)")
-    consecutive: int = help_field(3, "signals for the same target in a row before a resize")
+    consecutive: int = help_field(3, "signals in the same direction in a row before a resize")
     dwell_s: float = help_field(0.0, "seconds of run time the signal must persist before a resize")
     cooldown_steps: int = help_field(10, "steps after a resize during which no resize happens")
     break_even: bool = help_field(True, "resize only if gain/step x expected persistence exceeds "
