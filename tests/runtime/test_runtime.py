@@ -122,3 +122,25 @@ def test_cluster_address_that_does_not_answer(ray_session, tmp_path):
 def test_split_with_zero_train_devices(tmp_path):
     with pytest.raises(ConfigError, match=r"cluster.split.*both roles need at least one device"):
         _cfg(tmp_path, "cluster.split=[4,0]")
+
+
+def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, reference, monkeypatch):
+    from poise.runtime import driver
+
+    tokens, final = reference
+    original = driver.Driver.log_step
+
+    def crash_in_step_2(self, log, step, *args):
+        if step == 2:
+            raise RuntimeError("simulated crash")
+        return original(self, log, step, *args)
+
+    cfg = _cfg(tmp_path, "pipeline.mode=sync", "cluster.split=[2,2]", "run.checkpoint_every=1")
+    monkeypatch.setattr(driver.Driver, "log_step", crash_in_step_2)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_disaggregated(cfg)
+    monkeypatch.setattr(driver.Driver, "log_step", original)
+    assert (tmp_path / "checkpoints/latest").read_text().strip() == "step_000002"
+    train_disaggregated(cfg, resume=True)
+    assert _final(tmp_path) == final
+    assert _tokens(tmp_path) == tokens  # steps 0-1 from the first run, step 2 from the resumed one

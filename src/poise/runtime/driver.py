@@ -25,7 +25,8 @@ from poise.runtime.service import StreamGenerationService, make_ranker_and_dispa
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
 from poise.schema import dump
-from poise.train.colocated import prepare_run_dir, step_metrics
+from poise.train.checkpoint import latest_checkpoint
+from poise.train.colocated import prepare_run_dir, step_metrics, truncate_metrics
 from poise.train.progress import StepProgress
 from poise.train.setup import encode_prompt, make_prompt_source, make_tokenizer
 
@@ -79,6 +80,7 @@ class Driver:
         self.tokenizer = make_tokenizer(cfg.data, cfg.model)
         self.source = make_prompt_source(cfg.data, cfg.run.seed)
         self.version = 0
+        self.start_step = 0
         self.t0 = time.time()
 
     def now(self) -> float:
@@ -112,8 +114,8 @@ class Driver:
         cfg, rows = self.cfg, []
         asynchronous = cfg.pipeline.mode == "async"
         ahead: tuple[list[Problem], list] | None = None  # async: the next step, already generated
-        with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress) as bar:
-            for step in range(cfg.run.steps):
+        with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar:
+            for step in range(self.start_step, cfg.run.steps):
                 t_start = self.now()
                 problems = self.prompts(step)
                 self.rt.trainer.start_step(step, len(problems))
@@ -195,20 +197,30 @@ def choose_split(cfg: TrainConfig) -> tuple[int, int]:
 
 
 def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None) -> list[dict]:
-    if resume:
-        raise PoiseError(f"--resume is not supported yet for pipeline.mode={cfg.pipeline.mode}; resume with "
-                         "pipeline.mode=colocated (same trajectory in bitwise mode)")
+    if resume and cfg.pipeline.mode == "async":
+        # the resumed step's samples must come from the weights one version back, which a
+        # checkpoint does not hold yet
+        raise PoiseError("--resume of pipeline.mode=async is not supported yet; resume it with pipeline.mode=sync "
+                         "or colocated (a different trajectory from the resumed step on)")
     run_dir = prepare_run_dir(cfg, resume)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
     _prepare_model(cfg)
+    checkpoint = latest_checkpoint(run_dir) if resume else None
     split = choose_split(cfg)
-    dump(cfg, run_dir / "config.yaml")
+    if not resume:
+        dump(cfg, run_dir / "config.yaml")
     runtime = Runtime(cfg, split, dispatcher)
     try:
-        with RunLog(run_dir) as log:
-            return Driver(cfg, run_dir, runtime).run(log)
+        driver = Driver(cfg, run_dir, runtime)
+        if checkpoint is not None:
+            # every device, rollout or train, restores the same weights (and optimizer state)
+            states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])
+            driver.start_step, driver.version = states[0]
+            truncate_metrics(run_dir, driver.start_step)
+        with RunLog(run_dir, append=resume) as log:
+            return driver.run(log)
     finally:
         runtime.shutdown()
 

@@ -236,6 +236,16 @@ class DeviceWorker:
 
         return str(save_checkpoint(run_dir, self.model, self.trainer.optimizer, TrainState(step, version)))
 
+    def load_checkpoint(self, path: str) -> tuple[int, int]:
+        """Restore weights, optimizer and RNG from a checkpoint; returns (step, weights version)."""
+        from pathlib import Path
+
+        from poise.train.checkpoint import load_checkpoint
+
+        state = load_checkpoint(Path(path), self.model, self.trainer.optimizer)
+        self.set_version(state.weights_version)
+        return state.step, state.weights_version
+
     def set_version(self, version: int) -> None:
         self.version = version
         self.engine.version = version
