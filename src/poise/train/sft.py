@@ -55,6 +55,6 @@ def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, out_dir: Path, threads
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
-            bar.advance(loss=float(loss))
+            bar.advance(loss=float(loss.detach()))
     save_model(model, out_dir, tokenizer)
     return out_dir
