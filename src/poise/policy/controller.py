@@ -32,8 +32,8 @@ The filters, in the order they are applied (each can hold the split, with its re
   dwell        ... and the signal must have lasted `dwell_s` seconds of run time
   break-even   gain per step x expected persistence must exceed the resize cost
 Expected persistence: how many more steps the current regime will last. A regime is a run of
-steps over which the same split stays within `threshold` of the best one (so near-ties between
-two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`;
+steps over which the same split stays within `regime_margin` of the best one (so near-ties
+between two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`;
 after, it is the mean length of the ended regimes minus this one's age. Departure from the paper, which
 sets a >10-step cooldown from the measured break-even of its one workload (the circularity its
 reviewers flagged): ours checks break-even against the workload's own observed persistence.
@@ -61,6 +61,8 @@ class ControllerConfig:
     break_even: bool = help_field(True, "resize only if gain/step x expected persistence exceeds "
                                   "the predicted resize cost")
     window: int = help_field(3, "steps whose predictions are averaged (smooths one step's tail)")
+    regime_margin: float = help_field(0.15, "a regime (run of steps wanting the same split) ends "
+                                      "when another split is predicted this much faster")
     persistence_prior_steps: float = help_field(20.0, "expected regime length in steps before "
                                                 "any regime has been seen to end")
 
@@ -73,6 +75,8 @@ class ControllerConfig:
         check(self.cooldown_steps >= 0, "controller.cooldown_steps", self.cooldown_steps,
               "must be >= 0 steps; use 0 for no cooldown")
         check(self.window >= 1, "controller.window", self.window, "must be >= 1 step")
+        check(self.regime_margin >= 0, "controller.regime_margin", self.regime_margin,
+              "must be >= 0 (a fraction of the step time, e.g. 0.15)")
         check(self.persistence_prior_steps > 0, "controller.persistence_prior_steps",
               self.persistence_prior_steps, "must be > 0 steps")
 
@@ -179,10 +183,11 @@ class ResizeController:
         cost_s = self.resize_cost.critical_path_s
 
         # Regime: the split the workload wants. Sticky, so near-ties between two good splits
-        # do not end it: it ends only when another split beats it by the threshold.
+        # do not end it: it ends only when another split beats it by `regime_margin` (kept
+        # apart from the signal threshold: a low threshold must not shorten the regimes).
         if self._regime is None:
             self._regime, self._regime_start = best, obs.step
-        elif preds.get(self._regime, math.inf) > preds[best] * (1.0 + cfg.threshold):
+        elif preds.get(self._regime, math.inf) > preds[best] * (1.0 + cfg.regime_margin):
             self.ended_regimes.append(obs.step - self._regime_start)
             self._regime, self._regime_start = best, obs.step
         age = obs.step - self._regime_start + 1
