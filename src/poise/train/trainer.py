@@ -73,17 +73,17 @@ def pad_batch(samples: Sequence[SampleLike], pad_id: int) -> tuple[torch.Tensor,
 def response_logprobs(model: torch.nn.Module, samples: Sequence[SampleLike], pad_id: int,
                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each response token under `model` at `temperature`: ([B, T], mask [B, T])."""
-    ids, attn, resp_mask = pad_batch(samples, pad_id)
+    device = next(model.parameters()).device
+    ids, attn, resp_mask = (t.to(device) for t in pad_batch(samples, pad_id))
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
     if temperature > 0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     t_max = resp_mask.shape[1]
-    out = torch.zeros_like(resp_mask)
     rows = []
     for b, s in enumerate(samples):
         p, n = len(s.prompt_ids), len(s.token_ids)
-        targets = torch.tensor(list(s.token_ids), dtype=torch.long)
+        targets = torch.tensor(list(s.token_ids), dtype=torch.long, device=device)
         row = logp_all[b, p - 1:p - 1 + n].gather(-1, targets[:, None]).squeeze(-1)
         rows.append(torch.nn.functional.pad(row, (0, t_max - n)))
     out = torch.stack(rows)
@@ -110,6 +110,7 @@ class PolicyTrainer:
                          advantages: torch.Tensor) -> MicroBatchResult:
         """Gradient of the summed GRPO loss of one micro-batch. advantages: [B] float32."""
         self.model.train()
+        advantages = advantages.to(self.params[0].device)
         temperature = self.cfg.sampling.temperature
         logp, mask = response_logprobs(self.model, samples, self.pad_id, temperature)
         ref = None
@@ -121,7 +122,7 @@ class PolicyTrainer:
         # extra forward pass. Departure from verl, which recomputes them with the trainer.
         old = torch.zeros_like(logp)
         for b, s in enumerate(samples):
-            old[b, :len(s.logprobs)] = torch.tensor(list(s.logprobs), dtype=torch.float32)
+            old[b, :len(s.logprobs)] = torch.tensor(list(s.logprobs), dtype=torch.float32, device=old.device)
         loss = grpo_loss(logp, old, advantages, mask, self.cfg.clip_eps, self.cfg.kl_coef, ref,
                          self.cfg.loss_agg)
         grads = torch.autograd.grad(loss.total, self.params, allow_unused=True)
