@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal, Protocol, Sequence
 
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
@@ -121,6 +121,19 @@ class Decision:
                 "reason": self.reason, "predicted_gain_s": self.predicted_gain_s,
                 "predicted_cost_s": self.predicted_cost_s, "break_even_steps": self.break_even_steps,
                 "expected_persistence_steps": self.expected_persistence_steps}
+
+
+class ResizePolicy(Protocol):
+    """What a driver calls once per step: `ResizeController` or `StaticSplit`."""
+
+    def observe(self, obs: StepObservation) -> Decision: ...
+
+
+class StaticSplit:
+    """Never resizes (the static baseline), with the same interface as the controller."""
+
+    def observe(self, obs: StepObservation) -> Decision:
+        return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "static split")
 
 
 class ResizeController:

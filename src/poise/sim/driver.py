@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from poise.policy.allocator import StepWorkload, allocate
-from poise.policy.controller import Decision, ResizeController, StepObservation
+from poise.policy.controller import Decision, ResizeController, ResizePolicy, StaticSplit, StepObservation
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, make_dispatcher
 from poise.policy.pipeline import micro_batch_of, weights_version
@@ -142,7 +142,7 @@ class Simulation:
         self.dispatcher = make_dispatcher(d.policy, random.Random(_seed("dispatch", sc.seed)), self.ranker,
                                           self.cost, self.prompt_len, d.long_tail_fraction,
                                           d.tail_batch_cap, d.tail_instances)
-        self.controller: ResizeController | None = None
+        self.controller: ResizePolicy = StaticSplit()
         if sc.resize.policy == "dynamic":
             allowed = parse_splits(sc.resize.allowed_splits) or tuple(all_splits(c.devices, self.tp))
             self.controller = ResizeController(sc.controller, self.cost, sc.mode, sc.resize.mode,
@@ -278,7 +278,7 @@ class Simulation:
         return start, end, busy
 
     def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> Decision | None:
-        if self.controller is None or rec.resize_s > 0:
+        if rec.resize_s > 0:
             # The step that absorbed a resize mixes two splits (in async its generation ran on
             # the old one): nothing the controller should calibrate on, and it is in cooldown.
             return None
