@@ -89,12 +89,16 @@ class SimSample:
     output_length: int
 
 
-def _seed(*parts: object) -> int:
-    # A stable integer seed from parts (Python's hash() of str is salted per process).
+def stable_seed(*parts: object) -> int:
+    """A stable 63-bit seed from `parts` (FNV-1a of their repr; Python's hash() of a str is
+    salted per process). Every random choice of a simulation is seeded through this."""
     h = 1469598103934665603
     for ch in repr(parts).encode():
         h = ((h ^ ch) * 1099511628211) & ((1 << 63) - 1)
     return h
+
+
+_seed = stable_seed  # the name the simulator (and runtime/emulated.py) imported first
 
 
 class ParametricWorkload:
@@ -224,4 +228,4 @@ def make_workload(cfg: WorkloadConfig, seed: int) -> ParametricWorkload | TraceW
 
 
 __all__ = ["FamilyConfig", "PhaseConfig", "WorkloadConfig", "SimSample", "ParametricWorkload",
-           "TraceWorkload", "make_workload", "ConfigError"]
+           "TraceWorkload", "make_workload", "stable_seed"]
