@@ -307,11 +307,10 @@ class Engine:
         return torch.stack([tokens.double(), logprobs.double()], dim=1)
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [seq.sample_id if seq else (0, 0, 0) for seq in members]
-        positions = [len(seq.tokens) if seq else 0 for seq in members]
-        device = logits.device
-        return sample_next(logits, self.seed, torch.tensor(ids, dtype=torch.int64, device=device),
-                           torch.tensor(positions, dtype=torch.int64, device=device), self.sampling)
+        # one host->device copy: (step, prompt_index, sample_index, position) per row
+        keys = torch.tensor([(*seq.sample_id, len(seq.tokens)) if seq else (0, 0, 0, 0) for seq in members],
+                            dtype=torch.int64, device=logits.device)
+        return sample_next(logits, self.seed, keys[:, :3], keys[:, 3], self.sampling)
 
     def _advance(self, rows: list[_Sequence | None], out: torch.Tensor) -> list[Sample]:
         """Append each row's new token, and retire the sequences that finished (None: padding row)."""
