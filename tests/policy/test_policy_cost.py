@@ -23,6 +23,7 @@ def test_decode_and_train_by_hand():
     assert c.train_s(1000, 1) == pytest.approx(2.0 + 1.0)
     assert c.train_s(1000, 4) == pytest.approx(0.5 + 1.0 + 0.5)
     assert c.sync_s() == pytest.approx(0.1 + 2.0)
+    assert c.sync_s(nbytes=20.0) == pytest.approx(0.1 + 4.0)
 
 
 def test_resize_phases_match_dynaresize_fig6():
@@ -59,12 +60,14 @@ def test_profile_tables_interpolate():
                           {"batch": 1, "context": 128, "seconds_per_step": 0.02},
                           {"batch": 9, "context": 128, "seconds_per_step": 0.04}],
                "prefill": [{"tokens": 10, "seconds": 0.1}, {"tokens": 20, "seconds": 0.3}],
-               "train": [{"tokens": 100, "seconds": 1.0}, {"tokens": 200, "seconds": 1.5}]}
+               "train": [{"tokens": 100, "seconds": 1.0}, {"tokens": 200, "seconds": 1.5}],
+               "weight_sync": [{"bytes": 1e6, "seconds": 0.01}, {"bytes": 3e6, "seconds": 0.02}]}
     c = CostModel.from_profile(profile)
     assert c.decode_step_s(5, 64) == pytest.approx(0.02)
     assert c.decode_step_s(5, 96) == pytest.approx(0.025)
     assert c.prefill_s(15) == pytest.approx(0.2)
     assert c.train_compute_s(300, 2) == pytest.approx(1.25)
+    assert c.sync_s(2e6) == pytest.approx(0.015)
     with pytest.raises(PoiseError, match="poise-profile/1"):
         CostModel.from_profile({"format": "other"})
     with pytest.raises(PoiseError, match="missing or has a bad field"):

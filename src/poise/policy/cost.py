@@ -16,7 +16,7 @@ all price work the same way. Two sources, one interface:
                                           contexts sum to `ctx_sum` at the first step
     cost.prefill_s(tokens)                prefill of one request
     cost.train_s(tokens, devices)         forward+backward+optimizer over `tokens`, data-parallel
-    cost.sync_s()                         trainer -> rollout weight broadcast of the whole model
+    cost.sync_s(nbytes=None)              trainer -> rollout weight broadcast (default: whole model)
     cost.resize(mode)                     ResizeCost: phases on the critical path and behind it
 
 `instance_finish_times` is the continuous-batching kernel (Orca-style iteration-level batching:
@@ -212,10 +212,12 @@ class CostModel:
     def train_s(self, tokens: float, devices: int) -> float:
         return self.train_compute_s(tokens, devices) + self.train_fixed_s(devices)
 
-    def sync_s(self) -> float:
+    def sync_s(self, nbytes: float | None = None) -> float:
+        """Broadcast of `nbytes` (default: the whole model, `weight_bytes`) trainer -> rollout."""
+        nbytes = self.cfg.weight_bytes if nbytes is None else nbytes
         if self._sync is not None:
-            return self._sync(self.cfg.weight_bytes)
-        return self.cfg.sync_latency_s + self.cfg.weight_bytes / self.cfg.sync_bandwidth
+            return self._sync(nbytes)
+        return self.cfg.sync_latency_s + nbytes / self.cfg.sync_bandwidth
 
     # --- resizing ---------------------------------------------------------------------------
     def resize(self, mode: str) -> ResizeCost:
