@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray in loopback-only mode (see poise/runtime/__init__.py), whichever test imports ray first
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -5,9 +5,9 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ray_session():
-    import ray
+    from poise.runtime.cluster import start_local  # first: it puts Ray in loopback-only mode
 
-    from poise.runtime.cluster import start_local
+    import ray
 
     start_local(num_cpus=8)
     yield ray

@@ -37,6 +37,11 @@ def connect(cfg: ClusterConfig) -> None:
     """ray.init for this job, once per process (a test session shares one local Ray)."""
     if cfg.address:
         _check_address_answers(cfg.address, cfg.connect_timeout_s)
+        host = cfg.address.rpartition(":")[0].removeprefix("ray://")
+        if host not in ("127.0.0.1", "localhost", "::1") and \
+                os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") == "0":
+            raise PoiseError(f"cluster.address '{cfg.address}' is another host, but this process runs Ray in "
+                             "loopback-only mode; export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 to join it")
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -65,7 +70,7 @@ def start_local(num_cpus: int, num_gpus: int = 0) -> None:
     if ray.is_initialized():
         return
     ray.init(num_cpus=num_cpus, num_gpus=num_gpus or None, include_dashboard=False, log_to_driver=True,
-             _node_ip_address="127.0.0.1", configure_logging=False,
+             configure_logging=False,
              runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}})
 
 
