@@ -49,8 +49,8 @@ class StreamGenerationService:
         infos = [InstanceInfo(i, self.num_slots) for i in range(len(self.instances))]
         plan = self.dispatcher.plan(prompts, infos)
         self.last_plan = plan
-        for inst in self.instances:
-            inst.cap = max(1, min(self.num_slots, plan.batch_caps.get(self.instances.index(inst), self.num_slots)))
+        for i, inst in enumerate(self.instances):
+            inst.cap = max(1, min(self.num_slots, plan.batch_caps.get(i, self.num_slots)))
             inst.busy_start = inst.busy_end = None
         for prompt_index, instance_id in plan.order:
             self._prompts[prompt_index] = prompts[prompt_index]
