@@ -95,3 +95,19 @@ def test_live_resize_is_cheaper_than_hard():
     hard = simulate(load_scenario("dynaresize-8xh20", ["steps=40", "log.samples=false", "resize.mode=hard"]))
     assert live.resizes and hard.resizes
     assert hard.total_s - live.total_s == pytest.approx(254.8 - 187.2, rel=0.35)
+
+
+@pytest.mark.parametrize("mode", ["sync", "stream", "async"])
+def test_resizes_lose_no_sample_and_keep_staleness(tmp_path, mode):
+    sim = Simulation(load_scenario("dynaresize-8xh20", ["steps=34", f"mode={mode}", "log.intervals=none",
+                                                       "controller.consecutive=1"]), tmp_path)
+    s = sim.run()
+    assert s.resizes, "the phase change at step 20 should trigger a resize in every mode"
+    samples = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "sample"]
+    ids = {tuple(e["id"]) for e in samples}
+    assert len(ids) == len(samples) == 34 * 48 * 8
+    lag = 1 if mode == "async" else 0
+    assert all(e["weights_version"] == max(e["step"] - lag, 0) for e in samples)
+    resize = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resize")
+    assert resize["critical_path_s"] == pytest.approx(187.2)
+    assert resize["end"] - resize["start"] == pytest.approx(187.2)

@@ -33,9 +33,11 @@ The filters, in the order they are applied (each can hold the split, with its re
   break-even   gain per step x expected persistence must exceed the resize cost
 Expected persistence: how many more steps the current regime will last. A regime is a run of
 steps over which the same split stays within `regime_margin` of the best one (so near-ties
-between two good splits do not end it). Before any regime has ended it is `persistence_prior_steps`;
-after, it is the mean length of the ended regimes minus this one's age. Departure from the paper, which
-sets a >10-step cooldown from the measured break-even of its one workload (the circularity its
+between two good splits do not end it). The estimate is the typical regime length minus this
+regime's age, but at least its age (a regime that has outlived the typical one is expected to
+last about as long again); the typical length is `persistence_prior_steps` until a regime has
+ended, then the mean length of the ended regimes. Departure from the paper, which sets a
+>10-step cooldown from the measured break-even of its one workload (the circularity its
 reviewers flagged): ours checks break-even against the workload's own observed persistence.
 """
 
@@ -204,10 +206,12 @@ class ResizeController:
             self.ended_regimes.append(obs.step - self._regime_start)
             self._regime, self._regime_start = best, obs.step
         age = obs.step - self._regime_start + 1
-        if self.ended_regimes:
-            persistence = max(0.0, sum(self.ended_regimes) / len(self.ended_regimes) - age)
-        else:
-            persistence = max(0.0, cfg.persistence_prior_steps - age)
+        typical = (sum(self.ended_regimes) / len(self.ended_regimes) if self.ended_regimes
+                   else cfg.persistence_prior_steps)
+        # A regime that has already outlived the typical one is expected to last about as long
+        # again (Lindy): without this floor a long first regime would exhaust the prior and
+        # the controller would never resize.
+        persistence = float(max(typical - age, age))
 
         # Consecutive signals count by direction (more rollout or more train), so a target
         # that wavers between two neighbouring splits still builds up the count.
