@@ -4,9 +4,12 @@ The runner calls the model's own modules (embedding, norms, q/k/v/o projections,
 embedding, MLP, lm_head), so the math is the transformers math and the parameters keep their
 HF names; only attention and the cache are ours. One call mixes decode rows (one new token for
 each of several slots) and prefill segments (a whole prompt for one slot each): every token-wise
-operation runs once over all tokens of the step flattened to [N, hidden], and attention runs
-once for the decode rows plus once per prefill segment. Mixing prefill into the decode step
-keeps an admission from costing a whole extra forward (Sarathi-style piggybacking).
+operation runs once over all tokens of the step flattened to [N, hidden], all new keys and
+values go to the cache in one scatter per layer, and attention runs once for the decode rows
+(over a view of the cache, masked per slot) and once for all prefill segments (padded to the
+longest; a prefill always starts at position 0, so it attends to its own fresh keys). Mixing
+prefill into the decode step keeps an admission from costing a whole extra forward
+(Sarathi-style piggybacking).
 """
 
 from __future__ import annotations
