@@ -111,3 +111,24 @@ def test_resizes_lose_no_sample_and_keep_staleness(tmp_path, mode):
     resize = next(e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "resize")
     assert resize["critical_path_s"] == pytest.approx(187.2)
     assert resize["end"] - resize["start"] == pytest.approx(187.2)
+
+
+def test_abort_resumes_partial_samples_on_the_new_split(tmp_path):
+    # swing: the second resize (2:6 -> 6:2 after step 202) happens while step 203 generates.
+    sim = Simulation(load_scenario("dynaresize-8xh20-swing", ["steps=205", "log.intervals=none", "log.samples=true",
+                                                             "resize.inflight=abort"]), tmp_path)
+    s = sim.run()
+    second = s.resizes[1]
+    assert (second["from"], second["to"]) == ([2, 6], [6, 2])
+    samples = [e for e in read_jsonl(tmp_path / "events.jsonl") if e["kind"] == "sample"]
+    assert len({tuple(e["id"]) for e in samples}) == len(samples) == 205 * 48 * 8
+    resumed = [e for e in samples if "aborted_on" in e]
+    assert resumed and {e["step"] for e in resumed} == {203}
+    resize_end = second["at_s"] + second["critical_path_s"]
+    for e in resumed:
+        assert e["finish"] > resize_end
+        assert 0 <= e["resumed_after_tokens"] < e["output_length"]
+    assert any(e["resumed_after_tokens"] > 0 for e in resumed)  # progress was kept, not redone
+    drain = simulate(load_scenario("dynaresize-8xh20-swing", ["steps=205", "log.samples=false",
+                                                             "log.intervals=none"]))
+    assert drain.resizes[1]["at_s"] > second["at_s"]  # drain waits for the generation to finish

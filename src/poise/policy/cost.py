@@ -230,13 +230,15 @@ class CostModel:
 
 
 def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: Sequence[int],
-                          batch_cap: int, start: float = 0.0) -> list[float]:
+                          batch_cap: int, start: float = 0.0,
+                          admitted: list[float] | None = None) -> list[float]:
     """Finish time of each request on one rollout instance with continuous batching.
 
     Requests are admitted in the given order whenever a slot is free (FIFO queue, at most
     `batch_cap` live). Each admission costs its prefill; between two finishes the batch is
     constant, so the decode time of that segment is priced in one call. Returns finish times in
-    the input order. Used by the allocator's estimate and by the simulator's emulated engines.
+    the input order (and, if `admitted` is a list, fills in when each one's prefill began). Used
+    by the allocator's estimate and by the simulator's emulated engines.
     """
     n = len(lengths)
     finish = [0.0] * n
@@ -245,7 +247,7 @@ def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: 
     if batch_cap < 1:
         raise ConfigError("batch_cap", batch_cap, "must be >= 1 slot")
     if cost._decode_grid is None and cost._prefill is None:
-        return _finish_times_linear(cost.cfg, lengths, prompt_lens, batch_cap, start)
+        return _finish_times_linear(cost.cfg, lengths, prompt_lens, batch_cap, start, admitted)
     t = start
     idx = 0  # decode steps taken so far on this instance
     live: list[tuple[int, int]] = []  # (decode step at which it finishes, request)
@@ -255,6 +257,8 @@ def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: 
     while nxt < n or live:
         while nxt < n and len(live) < batch_cap:
             length = max(1, int(lengths[nxt]))
+            if admitted is not None:
+                admitted[nxt] = t
             t += cost.prefill_s(prompt_lens[nxt])
             heapq.heappush(live, (idx + length, nxt))
             admit_step[nxt] = idx
@@ -272,7 +276,7 @@ def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: 
 
 
 def _finish_times_linear(c: CostConfig, lengths: Sequence[int], prompt_lens: Sequence[int],
-                         batch_cap: int, start: float) -> list[float]:
+                         batch_cap: int, start: float, admitted: list[float] | None = None) -> list[float]:
     """`instance_finish_times` for the hand-written linear model with the arithmetic inlined
     (the simulator's hot loop); must give the same numbers as the general path (tested)."""
     base, per_seq, per_kv, per_prefill = (c.decode_base_s, c.decode_per_seq_s,
@@ -290,6 +294,8 @@ def _finish_times_linear(c: CostConfig, lengths: Sequence[int], prompt_lens: Seq
         while nxt < n and len(live) < batch_cap:
             length = int(lengths[nxt])
             plen = prompt_lens[nxt]
+            if admitted is not None:
+                admitted[nxt] = t
             t += per_prefill * plen
             push(live, (idx + (length if length > 1 else 1), nxt))
             admit_step[nxt] = idx

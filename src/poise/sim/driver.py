@@ -18,9 +18,10 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              generation run on the new split; a live resize's deferred optimizer restore
              overlaps the first train step and its optimizer step waits on it (§3.3).
 
-Departure from DESIGN.md: a live rollout->train switch there aborts in-flight sequences and
-re-dispatches them as partial samples; here the resize waits for the in-flight generation to
-drain instead, which costs the simulated resize a little more, never less.
+In-flight generation at a resize (async only; in sync modes nothing is in flight): `drain`
+(default, the paper's mixed step) lets it finish on the old split first; `abort` (DESIGN.md,
+Resize) stops it at the decision and resumes every unfinished sample as a partial sample on
+the new split after the critical path, keeping the tokens it had (re-prefilled).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class Simulation:
         self.decisions: list[Decision] = []
         self.resizes: list[dict[str, Any]] = []
         self._busy = {"rollout": 0.0, "train": 0.0}
+        self._partial: dict[int, tuple[int, int]] = {}  # sample -> (aborted on, tokens kept)
         self._role_time = {"rollout": 0.0, "train": 0.0}
 
     # --- the driver loop ------------------------------------------------------------------
@@ -177,13 +179,23 @@ class Simulation:
                 ready = max(ready, end + self.sync_s)
                 pending, resized = None, end - train_end[-1]
             gen_start = max(ready, gen_free)
-            finish, instance_of = self.generate(k, samples, gen_start)
+            abort_at = train_end[-1] if pending is not None and sc.resize.inflight == "abort" else None
+            finish, instance_of, admitted = self.generate(k, samples, gen_start, abort_at)
             gen_end = max(finish)
             gen_free = gen_end
-            if pending is not None:  # async: step k's generation drained on the old split
+            if pending is not None and abort_at is not None and gen_end > abort_at:
+                # async, abort: stop step k's generation at the decision, resize, and resume the
+                # unfinished samples as partial samples on the new split (nothing is lost).
+                end, bg_ready = self._resize(pending, abort_at, k)
+                finish, instance_of = self.resume(k, samples, finish, admitted, instance_of, abort_at, end)
+                gen_free = gen_end = max(finish)
+                train_free = end
+                pending, resized = None, end - abort_at
+            elif pending is not None:  # async, drain: step k's generation finished on the old split
                 end, bg_ready = self._resize(pending, max(train_end[-1], gen_end), k)
                 gen_free = train_free = end
                 pending, resized = None, end - max(train_end[-1], gen_end)
+            self.ranker.observe([Finished(s.prompt, s.output_length) for s in samples])
             train_start, t_end, train_busy = self.train(samples, finish, gen_end, train_free, bg_ready)
             train_free = t_end
             prev = train_end[-1] if train_end else 0.0
@@ -206,8 +218,11 @@ class Simulation:
         return summary
 
     # --- phases ---------------------------------------------------------------------------
-    def generate(self, k: int, samples: list[SimSample], start: float) -> tuple[list[float], list[int]]:
-        """Dispatch step k's samples and run every instance's continuous batching from `start`."""
+    def generate(self, k: int, samples: list[SimSample], start: float, abort_at: float | None = None
+                 ) -> tuple[list[float], list[int], list[float]]:
+        """Dispatch step k's samples and run every instance's continuous batching from `start`.
+        Returns finish time, instance and admission time per sample; with `abort_at`, busy
+        intervals are cut there (the caller resumes what had not finished)."""
         by_prompt: dict[str, list[int]] = {}
         for s in samples:
             by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
@@ -220,20 +235,54 @@ class Simulation:
             queues[inst].append(req)
         finish = [0.0] * len(samples)
         instance_of = [0] * len(samples)
+        admitted = [0.0] * len(samples)
         for inst, reqs in queues.items():
+            adm = [0.0] * len(reqs)
             times = instance_finish_times(self.cost, [samples[r].output_length for r in reqs],
-                                          [samples[r].prompt_len for r in reqs], plan.batch_caps[inst], start)
-            for r, t in zip(reqs, times):
-                finish[r] = t
-                instance_of[r] = inst
+                                          [samples[r].prompt_len for r in reqs], plan.batch_caps[inst],
+                                          start, adm)
+            for r, t, a in zip(reqs, times, adm):
+                finish[r], instance_of[r], admitted[r] = t, inst, a
             if reqs:
-                end = max(times)
+                end = max(times) if abort_at is None else min(max(times), max(abort_at, start))
                 self._busy["rollout"] += (end - start) * self.tp
                 self._interval_instance(inst, "rollout", "generate", k, start, end)
         if plan.tail_instances or self.sc.dispatch.policy == "skew_aware":
             self.log.event("decision", start, what="dispatch", step=k, reason=plan.reason,
                            tail_instances=list(plan.tail_instances))
-        self.ranker.observe([Finished(s.prompt, s.output_length) for s in samples])
+        self._partial = {}
+        return finish, instance_of, admitted
+
+    def resume(self, k: int, samples: list[SimSample], finish: list[float], admitted: list[float],
+               instance_of: list[int], abort_at: float, start: float) -> tuple[list[float], list[int]]:
+        """Samples unfinished at `abort_at` continue on the new split from `start` as partial
+        samples: the tokens generated so far are kept (re-prefilled with the prompt to rebuild
+        the KV cache), only the rest is decoded. Progress at the abort is interpolated in time."""
+        partial = {}
+        for i, s in enumerate(samples):
+            if finish[i] > abort_at:
+                a = admitted[i]
+                done = 0 if a >= abort_at else int(s.output_length * (abort_at - a) / (finish[i] - a))
+                partial[i] = min(max(done, 0), s.output_length - 1)
+        order = sorted(partial)
+        n_inst = self.split.rollout // self.tp
+        plan = self.dispatcher.plan([samples[i].prompt for i in order],
+                                    [InstanceInfo(j, self.batch_cap) for j in range(n_inst)])
+        queues: dict[int, list[int]] = {j: [] for j in range(n_inst)}
+        for req, inst in plan.order:
+            queues[inst].append(order[req])
+        finish, instance_of = list(finish), list(instance_of)
+        for inst, reqs in queues.items():
+            if not reqs:
+                continue
+            times = instance_finish_times(
+                self.cost, [samples[i].output_length - partial[i] for i in reqs],
+                [samples[i].prompt_len + partial[i] for i in reqs], plan.batch_caps[inst], start)
+            for i, t in zip(reqs, times):
+                self._partial[i] = (instance_of[i], partial[i])
+                finish[i], instance_of[i] = t, inst
+            self._busy["rollout"] += (max(times) - start) * self.tp
+            self._interval_instance(inst, "rollout", "generate_resumed", k, start, max(times))
         return finish, instance_of
 
     def train(self, samples: list[SimSample], finish: list[float], gen_end: float, free: float,
@@ -350,10 +399,13 @@ class Simulation:
                   instance_of: list[int], version: int) -> None:
         lens = [s.output_length for s in samples]
         if self.sc.log.samples:
-            for s, f, inst in zip(samples, finish, instance_of):
+            for i, (s, f, inst) in enumerate(zip(samples, finish, instance_of)):
+                extra = {}
+                if i in self._partial:  # aborted by a resize and resumed elsewhere
+                    extra = {"aborted_on": self._partial[i][0], "resumed_after_tokens": self._partial[i][1]}
                 self.log.event("sample", f, id=list(s.sample_id), step=rec.step, prompt_id=s.prompt.prompt_id,
                                output_length=s.output_length, weights_version=version, instance=inst,
-                               submit=rec.gen_start, finish=f)
+                               submit=rec.gen_start, finish=f, **extra)
         start = rec.train_end - rec.step_s
         self.log.event("step", rec.train_end, step=rec.step, start=start, end=rec.train_end,
                        rollout_s=rec.rollout_s, train_s=rec.train_s, sync_s=rec.sync_s, reward_mean=None,

@@ -43,6 +43,10 @@ class ResizeConfig:
     policy: Literal["static", "dynamic"] = help_field("static", "static split, or the resize controller")
     mode: Literal["live", "hard"] = help_field("live", "live (DynaResize) or hard (stop and rebuild) resize")
     allowed_splits: tuple[Any, ...] = help_field((), "splits the controller may choose, e.g. [[6, 2], [4, 4]]; empty = all")
+    inflight: Literal["drain", "abort"] = help_field(
+        "drain", "async only: let in-flight generation finish on the old split before resizing "
+        "(the paper's mixed step), or abort it at the decision and resume the unfinished samples "
+        "as partial samples on the new split (DESIGN.md, Resize)")
 
 
 @dataclass(frozen=True)
