@@ -115,8 +115,9 @@ def test_resizes_lose_no_sample_and_keep_staleness(tmp_path, mode):
 
 def test_abort_resumes_partial_samples_on_the_new_split(tmp_path):
     # swing: the second resize (2:6 -> 6:2 after step 202) happens while step 203 generates.
-    sim = Simulation(load_scenario("dynaresize-8xh20-swing", ["steps=205", "log.intervals=none", "log.samples=true",
-                                                             "resize.inflight=abort"]), tmp_path)
+    sim = Simulation(load_scenario("dynaresize-8xh20-swing", ["steps=205", "log.intervals=none",
+                                                             "log.samples=true", "resize.inflight=abort"]),
+                     tmp_path)
     s = sim.run()
     second = s.resizes[1]
     assert (second["from"], second["to"]) == ([2, 6], [6, 2])
