@@ -140,6 +140,20 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class EmulationConfig:
+    """What `cluster.compute: emulated` replaces compute with (poise.runtime.emulated)."""
+
+    scenario: str = help_field("streamrl-pipeline", "simulator scenario (built-in name or YAML path) whose workload "
+                                                    "(prompts, output lengths), cost model and dispatch policy apply")
+    overrides: tuple[str, ...] = help_field((), "dotted overrides of the scenario, e.g. ['workload.prompts_per_step=16']")
+    time_scale: float = help_field(0.1, "wall seconds slept per cost-model second (0.1: a modelled 60 s step "
+                                        "sleeps 6 s)")
+
+    def __post_init__(self) -> None:
+        check(self.time_scale > 0, "time_scale", self.time_scale, "must be > 0, e.g. 0.1")
+
+
+@dataclass(frozen=True)
 class DispatchConfig:
     policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
         "skew_aware", "which rollout instance gets which prompt (StreamRL §5.3 by default)")
@@ -164,6 +178,7 @@ class TrainConfig:
     pipeline: PipelineConfig = help_factory(PipelineConfig, "how rollout and training are arranged")
     cluster: ClusterConfig = help_factory(ClusterConfig, "devices")
     dispatch: DispatchConfig = help_factory(DispatchConfig, "stream generation service dispatch")
+    emulation: EmulationConfig = help_factory(EmulationConfig, "scenario and time scale of cluster.compute: emulated")
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
 
@@ -183,4 +198,4 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
 
 
 __all__ = ["TrainConfig", "RunConfig", "ModelConfig", "DataConfig", "AlgorithmConfig", "PipelineConfig",
-           "ClusterConfig", "SFTConfig", "load_train_config", "ConfigError"]
+           "ClusterConfig", "EmulationConfig", "SFTConfig", "load_train_config", "ConfigError"]

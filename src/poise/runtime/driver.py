@@ -34,13 +34,14 @@ from poise.train.setup import encode_prompt, make_prompt_source, make_tokenizer
 class Runtime:
     """The job's devices, roles, communicators, and the two services over them."""
 
-    def __init__(self, cfg: TrainConfig, split: tuple[int, int], dispatcher=None):
+    def __init__(self, cfg: TrainConfig, split: tuple[int, int], dispatcher=None, emulation=None):
         self.cfg = cfg
         c, algo = cfg.cluster, cfg.algorithm
         connect(c)
         self.pool = device_pool(c)
         spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
-                          cfg.determinism == "bitwise", c.device)
+                          cfg.determinism == "bitwise", c.device,
+                          emulation.device_spec if emulation is not None else None)
         port = free_port()
         resources = {"num_gpus": 1} if c.device == "cuda" else {}
         self.workers = [DeviceWorker.options(scheduling_strategy=self.pool.strategy(d), num_cpus=1, **resources)
@@ -57,6 +58,8 @@ class Runtime:
         ranker, default = make_ranker_and_dispatcher(cfg.dispatch.policy, cfg.dispatch.ranker, cfg.run.seed,
                                                         cfg.dispatch.long_tail_fraction, cfg.dispatch.tail_batch_cap,
                                                         prompt_len=16)
+        if emulation is not None:  # the scenario's dispatch policy and ranker, as the simulator builds them
+            ranker, default = emulation.ranker, emulation.dispatcher
         dispatcher = dispatcher or default  # tests inject reordering or lossy dispatchers
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
                                                dispatcher, ranker, algo.group_size, cfg.rollout.num_slots)
@@ -75,8 +78,9 @@ class Runtime:
 
 
 class Driver:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, emulation=None):
         self.cfg, self.run_dir, self.rt = cfg, run_dir, runtime
+        self.emulation = emulation  # emulated compute: prompts, prompt ids and rewards from a scenario
         self.tokenizer = make_tokenizer(cfg.data, cfg.model)
         self.source = make_prompt_source(cfg.data, cfg.run.seed)
         self.version = 0
@@ -88,15 +92,21 @@ class Driver:
 
     # --- phases --------------------------------------------------------------------------------
     def prompts(self, step: int) -> list[Problem]:
+        if self.emulation is not None:
+            return self.emulation.problems(step)
         return self.source.prompts_for_step(step, self.cfg.algorithm.prompts_per_step)
 
     def score(self, problems: list[Problem], sample) -> float:
+        if self.emulation is not None:
+            return self.emulation.reward(sample)
         eos = self.tokenizer.eos_id
         return reward(problems[sample.sample_id[1]], self.tokenizer.decode([t for t in sample.token_ids if t != eos]))
 
     def generate(self, step: int, problems: list[Problem], feed_trainer: bool) -> list:
         """Dispatch the step's prompts; each finished sample goes to the trainer at once if asked."""
-        self.rt.service.start_step(step, problems, [encode_prompt(self.tokenizer, p) for p in problems])
+        encode = self.emulation.prompt_ids if self.emulation is not None else \
+            (lambda p: encode_prompt(self.tokenizer, p))
+        self.rt.service.start_step(step, problems, [encode(p) for p in problems])
         samples = []
         for sample, _device in self.rt.service.stream():
             samples.append(sample)
@@ -207,13 +217,19 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
     _prepare_model(cfg)
+    emulation = None
+    if cfg.cluster.compute == "emulated":
+        from poise.runtime.emulated import Emulation
+
+        emulation = Emulation.from_config(cfg, resume)  # a bad scenario fails here, before Ray starts
+        cfg = emulation.cfg  # prompts per step and group size are the scenario workload's
     checkpoint = latest_checkpoint(run_dir) if resume else None
-    split = choose_split(cfg)
+    split = emulation.split() if emulation is not None else choose_split(cfg)
     if not resume:
         dump(cfg, run_dir / "config.yaml")
-    runtime = Runtime(cfg, split, dispatcher)
+    runtime = Runtime(cfg, split, dispatcher, emulation)
     try:
-        driver = Driver(cfg, run_dir, runtime)
+        driver = Driver(cfg, run_dir, runtime, emulation)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
             states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])

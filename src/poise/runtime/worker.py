@@ -34,6 +34,7 @@ class WorkerSpec:
     threads: int
     bitwise: bool
     device: str  # "cpu" | "cuda"
+    emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
 
 
 class CommunicatorCache:
@@ -61,6 +62,16 @@ class CommunicatorCache:
 @ray.remote
 class DeviceWorker:
     def __init__(self, rank: int, world_size: int, master_port: int, spec: WorkerSpec):
+        self.emulated = None
+        if spec.emulated is not None:  # compute replaced by cost-model sleeps (runtime/emulated.py)
+            from poise.runtime.emulated import EmulatedDevice
+
+            self.rank, self.world_size, self.spec = rank, world_size, spec
+            self.emulated = EmulatedDevice(rank, spec.emulated, spec.rollout.num_slots)
+            self.engine = self.emulated.engine
+            self.role: Role = "idle"
+            self.version = 0
+            return
         import torch
         import torch.distributed as dist
 
@@ -99,6 +110,8 @@ class DeviceWorker:
 
     def prewarm_groups(self, rank_sets: list[list[int]]) -> int:
         """Create (collectively, in this order) every group the job may use; returns cache size."""
+        if self.emulated is not None:  # no torch.distributed world: nothing to create
+            return len(rank_sets)
         for ranks in rank_sets:
             self.comm.get(ranks)
         return len(self.comm)
@@ -134,6 +147,8 @@ class DeviceWorker:
 
     # ---- train role ---------------------------------------------------------------------------
     def train_micro_batch(self, index: int, samples: list, advantages: list[float]) -> dict:
+        if self.emulated is not None:
+            return self.emulated.trainer.train_micro_batch(index, samples, advantages)
         import torch
 
         start = time.time()
@@ -152,6 +167,8 @@ class DeviceWorker:
         bitwise: this rank's aligned tree nodes over [lo, hi) are all-gathered and combined in the
         fixed tree order; semantic: a local sum and an ordinary all-reduce.
         """
+        if self.emulated is not None:
+            return self.emulated.trainer.apply_update(num_micro_batches, lo, hi, normaliser, train_ranks)
         import torch
         import torch.distributed as dist
 
@@ -197,6 +214,9 @@ class DeviceWorker:
         Receivers load the buckets into their engine by name (`Engine.load_weights`), so the
         engine validates them and stamps `version` on every later sample.
         """
+        if self.emulated is not None:
+            self.version = version
+            return self.emulated.trainer.sync_weights(src, version)
         import torch
         import torch.distributed as dist
 
@@ -232,6 +252,8 @@ class DeviceWorker:
 
     def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
         """Write the train replica's weights, optimizer and RNG (the colocated loop's format)."""
+        if self.emulated is not None:  # an emulated device holds no weights
+            return ""
         from poise.train.checkpoint import TrainState, save_checkpoint
 
         return str(save_checkpoint(run_dir, self.model, self.trainer.optimizer, TrainState(step, version)))

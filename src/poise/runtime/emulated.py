@@ -1,0 +1,348 @@
+"""Emulated compute (`cluster.compute: emulated`): the real runtime with its compute replaced by
+sleeps priced by the cost model, so 16-64 devices run on a 2-core machine (DESIGN.md, "Emulated
+compute").
+
+Everything that is control plane stays real: the worker actors and the placement group, the
+stream generation service with its dispatcher and per-instance caps, the poll/submit RPCs,
+the trainer group's ledger, canonical micro-batches, contiguous ranges and normaliser, the
+update and sync fan-outs and the driver loop. What a device would compute is a sleep:
+
+    EmulatedEngine   continuous batching over `num_slots` slots; an admission sleeps its
+                     prefill, the live batch sleeps `cost.decode_segment_s` up to the next
+                     finish; output lengths come from the scenario workload by sample id.
+    EmulatedTrainer  a micro-batch sleeps `cost.train_compute_s(tokens, 1)` (one data-parallel
+                     device holds it), an update `cost.train_fixed_s(train devices)`, a weight
+                     sync `cost.sync_s()`.
+    Emulation        the driver's side: the scenario's prompts, prompt sizes, rewards, dispatch
+                     policy and ranker, and the split the allocator picks for it.
+
+Sleeps are cost-model seconds times `emulation.time_scale`, so a run's wall times divided by the
+scale are directly comparable with `poise simulate` of the same scenario (the simulator is linear
+in the costs; its allocator and dispatcher choices do not change when every cost is scaled).
+
+Departures, each on purpose:
+- One sleep per finish event, not one per token: the engine sleeps the whole decode segment
+  between two finishes (`decode_segment_s`, the exact sum of `decode_step_s` over those steps for
+  the linear model). Thousands of sub-millisecond sleeps would measure the OS timer, not the
+  control plane; finishes and slot refills still land on the same decode step as token by token,
+  which is the only point where the real engine hands a sample out or admits a request.
+- Weight sync is a sleep of `cost.sync_s()` plus the real fan-out and barrier over the leader and
+  every rollout worker; no tensor moves. A tiny gloo broadcast between CPU processes on one
+  2-core host would price nothing a real interconnect does, and would make every emulated
+  worker join a torch.distributed world (a 16-64 process rendezvous) for no information. The
+  weights version still travels with the sync call and is stamped on every later sample, and an
+  engine with sequences in flight refuses it, as the real one does.
+- Samples carry their real token count (zeros) and prompt ids but no logprobs: the trainer side
+  needs only the counts, and the payload stays the size of the token ids a real engine ships.
+- Rewards are a deterministic coin per sample id (the scenario has no task to score), so group
+  advantages, the ledger and the metrics run on real numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from poise.data.tasks import Problem
+from poise.errors import PoiseError
+from poise.policy.cost import CostModel
+from poise.policy.dispatch import DispatchPlan, InstanceInfo, make_dispatcher
+from poise.policy.rankers import Finished, Prompt, make_ranker
+from poise.rollout.engine import Request, Sample
+from poise.sim.scenario import ScenarioConfig, load_scenario
+from poise.sim.workload import _seed, make_workload
+
+SampleId = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class EmulatedSpec:
+    """What an emulated worker needs instead of a model: the scenario and the time scale."""
+
+    scenario: ScenarioConfig
+    time_scale: float
+    loss_agg: str  # "token" | "sequence": the normaliser the trainer group also computes
+
+
+class _Lengths:
+    """Output length of each sample id, from the scenario workload (deterministic per step)."""
+
+    def __init__(self, sc: ScenarioConfig):
+        self._workload = make_workload(sc.workload, sc.seed)
+        self._steps: dict[int, dict[SampleId, int]] = {}
+
+    def __call__(self, sid: SampleId) -> int:
+        step = sid[0]
+        if step not in self._steps:
+            if len(self._steps) >= 4:  # at most two steps are in flight (async); keep a few
+                del self._steps[min(self._steps)]
+            self._steps[step] = {s.sample_id: s.output_length for s in self._workload.step(step)}
+        try:
+            return self._steps[step][sid]
+        except KeyError:
+            raise KeyError(f"sample {sid} is not in step {step} of the scenario workload "
+                           f"({len(self._steps[step])} samples); the driver and the workers disagree "
+                           "on emulation.scenario") from None
+
+
+@dataclass
+class _Live:
+    request: Request
+    length: int  # tokens it will generate
+    submit_time: float
+    generated: int = 0
+
+    @property
+    def context(self) -> int:
+        return len(self.request.prompt_ids) + self.generated
+
+
+class EmulatedEngine:
+    """The part of `poise.rollout.engine.Engine` that DeviceWorker uses, with sleeps for compute.
+
+    Continuous batching as the real engine (and `policy.cost.instance_finish_times`) does it:
+    FIFO admission into free slots, every live sequence gains a token per decode step, a finished
+    sequence frees its slot for the next request.
+    """
+
+    def __init__(self, cost: CostModel, lengths: Callable[[SampleId], int], num_slots: int, time_scale: float,
+                 now: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        # `now`/`sleep` are the wall clock; a test passes a virtual one to compare with the simulator
+        self.cost, self.lengths, self.num_slots, self.scale = cost, lengths, num_slots, time_scale
+        self._now, self._sleep_fn = now, sleep
+        self.version = 0
+        self._queue: deque[_Live] = deque()
+        self._live: list[_Live] = []
+        self.slept_s = 0.0  # wall seconds slept (the emulated compute), for overhead accounting
+
+    def submit(self, request: Request) -> None:
+        self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), self._now()))
+
+    @property
+    def idle(self) -> bool:
+        return not self._queue and not self._live
+
+    @property
+    def num_running(self) -> int:
+        return len(self._live)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._queue)
+
+    def step(self) -> list[Sample]:
+        """Admit into free slots, decode up to the next finish, return the finished samples."""
+        prefill = 0.0
+        while self._queue and len(self._live) < self.num_slots:
+            seq = self._queue.popleft()
+            prefill += self.cost.prefill_s(len(seq.request.prompt_ids))
+            self._live.append(seq)
+        if not self._live:
+            return []
+        steps = min(s.length - s.generated for s in self._live)
+        decode = self.cost.decode_segment_s(len(self._live), sum(s.context for s in self._live), steps)
+        self._sleep(prefill + decode)
+        now = self._now()
+        finished, live = [], []
+        for s in self._live:
+            s.generated += steps
+            (finished if s.generated >= s.length else live).append(s)
+        self._live = live
+        return [Sample(tuple(s.request.sample_id), tuple(s.request.prompt_ids), (0,) * s.length, (), "length",
+                       self.version, s.submit_time, now, s.length) for s in finished]
+
+    def load_weights(self, named_tensors, version: int) -> None:
+        if not self.idle:
+            # the real engine refuses too: a sample's tokens must all come from one version
+            raise RuntimeError(f"emulated engine: load_weights(version={version}) with {self.num_running} running "
+                               f"and {self.num_queued} queued sequences; sync only between generations")
+        self.version = version
+
+    def _sleep(self, model_seconds: float) -> None:
+        wall = model_seconds * self.scale
+        if wall > 0:
+            self._sleep_fn(wall)
+            self.slept_s += wall
+
+
+class EmulatedTrainer:
+    """A train shard's bookkeeping (micro-batch indices, contiguous ranges, normaliser) with the
+    forward/backward, the reduction + optimizer step and the weight broadcast as sleeps."""
+
+    def __init__(self, rank: int, cost: CostModel, time_scale: float, loss_agg: str, engine: EmulatedEngine):
+        self.rank, self.cost, self.scale, self.loss_agg, self.engine = rank, cost, time_scale, loss_agg, engine
+        self._normalisers: dict[int, float] = {}  # micro-batch index -> its normaliser
+        self.version = 0
+
+    def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict:
+        start = time.time()
+        if len(advantages) != len(samples):
+            raise ValueError(f"device {self.rank}: micro-batch {index} has {len(samples)} samples but "
+                             f"{len(advantages)} advantages; the trainer group must send one per sample")
+        if index in self._normalisers:
+            raise RuntimeError(f"device {self.rank}: micro-batch {index} trained twice in one update")
+        tokens = sum(len(s.token_ids) for s in samples)
+        # the real trainer's normaliser: response tokens (loss_agg token) or responses (sequence)
+        normaliser = float(tokens) if self.loss_agg == "token" else float(len(samples))
+        # the simulator prices forward+backward over prompt + response tokens
+        self._sleep(self.cost.train_compute_s(tokens + sum(len(s.prompt_ids) for s in samples), 1))
+        self._normalisers[index] = normaliser
+        return {"index": index, "loss_sum": 0.0, "normaliser": normaliser, "clipped": 0, "kl_sum": 0.0,
+                "tokens": tokens, "start": start, "end": time.time(), "device": self.rank}
+
+    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
+                     train_ranks: list[int]) -> dict:
+        start = time.time()
+        if set(self._normalisers) != set(range(lo, hi)):
+            raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
+                               f"got {sorted(self._normalisers)}")
+        own = sum(self._normalisers.values())
+        if normaliser < own or normaliser <= 0:
+            raise RuntimeError(f"device {self.rank}: step normaliser {normaliser} is below this device's own "
+                               f"micro-batches' {own}; the trainer group summed the wrong samples")
+        self._sleep(self.cost.train_fixed_s(len(train_ranks)))  # reduction + optimizer step
+        self._normalisers.clear()
+        self.version += 1
+        return {"grad_norm": 0.0, "start": start, "end": time.time(), "device": self.rank}
+
+    def sync_weights(self, src: int, version: int) -> float:
+        start = time.time()
+        self._sleep(self.cost.sync_s())
+        if self.rank == src:
+            self.engine.version = version
+        else:
+            self.engine.load_weights((), version)
+        self.version = version
+        return time.time() - start
+
+    def _sleep(self, model_seconds: float) -> None:
+        if model_seconds > 0:
+            time.sleep(model_seconds * self.scale)
+
+
+class EmulatedDevice:
+    """What DeviceWorker holds instead of a model, an engine and a trainer (worker.py hooks)."""
+
+    def __init__(self, rank: int, spec: EmulatedSpec, num_slots: int):
+        from poise.sim.driver import make_cost
+
+        cost = make_cost(spec.scenario)
+        self.engine = EmulatedEngine(cost, _Lengths(spec.scenario), num_slots, spec.time_scale)
+        self.trainer = EmulatedTrainer(rank, cost, spec.time_scale, spec.loss_agg, self.engine)
+
+
+# ---- driver side ------------------------------------------------------------------------------
+
+def sim_mode(pipeline_mode: str, streaming: bool) -> str:
+    """The simulator's name for a runtime pipeline: sync, stream (sync + streaming) or async."""
+    return "async" if pipeline_mode == "async" else ("stream" if streaming else "sync")
+
+
+class _ScenarioDispatcher:
+    """The scenario's dispatcher, seeing the scenario's own Prompts (features, token counts) for
+    the service's prompt ids; the service plans per prompt (all G samples on one instance)."""
+
+    def __init__(self, inner, prompts: dict[str, Prompt]):
+        self.inner, self.prompts = inner, prompts
+        self.name = inner.name
+
+    def plan(self, prompts: Sequence[Prompt], instances: Sequence[InstanceInfo]) -> DispatchPlan:
+        return self.inner.plan([self.prompts[p.prompt_id] for p in prompts], instances)
+
+
+class _ScenarioRanker:
+    def __init__(self, inner, prompts: dict[str, Prompt]):
+        self.inner, self.prompts = inner, prompts
+        self.name = inner.name
+
+    def scores(self, prompts: Sequence[Prompt]) -> list[float]:
+        return self.inner.scores([self.prompts[p.prompt_id] for p in prompts])
+
+    def observe(self, finished: Sequence[Finished]) -> None:
+        self.inner.observe([Finished(self.prompts[f.prompt.prompt_id], f.output_length) for f in finished])
+
+
+@dataclass
+class Emulation:
+    """The driver's side of emulated compute, built from a TrainConfig with compute: emulated.
+
+    The scenario supplies the workload (prompts per step and group size replace the algorithm
+    section's, so the ledger expects exactly the scenario's samples), the cost model and the
+    dispatch policy with its ranker; the TrainConfig keeps devices, split, pipeline, micro-batch
+    size, slots, steps and the run directory.
+    """
+
+    cfg: object  # poise.config.TrainConfig, algorithm sizes replaced by the scenario's
+    scenario: ScenarioConfig
+    device_spec: EmulatedSpec
+    prompts: dict[str, Prompt] = field(default_factory=dict)  # prompt id -> the scenario's Prompt
+    oracle: dict[str, float] = field(default_factory=dict)  # prompt id -> mean length (oracle ranker)
+
+    @classmethod
+    def from_config(cls, cfg, resume: bool = False) -> "Emulation":
+        if resume:
+            raise PoiseError("--resume with cluster.compute=emulated: emulated devices hold no weights to "
+                             "checkpoint; start the run again (it is a timing emulation, not training)")
+        e = cfg.emulation
+        sc = load_scenario(e.scenario, list(e.overrides))
+        sc = dataclasses.replace(sc, mode=sim_mode(cfg.pipeline.mode, cfg.pipeline.streaming))
+        w = sc.workload
+        algorithm = dataclasses.replace(cfg.algorithm, prompts_per_step=w.prompts_per_step,
+                                        group_size=w.samples_per_prompt)
+        cfg = dataclasses.replace(cfg, algorithm=algorithm)
+        return cls(cfg, sc, EmulatedSpec(sc, e.time_scale, algorithm.loss_agg))
+
+    def __post_init__(self) -> None:
+        from poise.sim.driver import make_cost
+
+        sc = self.scenario
+        self.workload = make_workload(sc.workload, sc.seed)
+        self.cost = make_cost(sc)
+        first = self.workload.step(0)
+        self.prompt_len = int(round(sum(s.prompt_len for s in first) / len(first)))
+        d = sc.dispatch
+        # the simulator's construction (sim/driver.py), so both dispatch alike
+        ranker = make_ranker(d.ranker, random.Random(_seed("ranker", sc.seed)), lambda p: self.oracle[p.prompt_id])
+        dispatcher = make_dispatcher(d.policy, random.Random(_seed("dispatch", sc.seed)), ranker, self.cost,
+                                     self.prompt_len, d.long_tail_fraction, d.tail_batch_cap, d.tail_instances)
+        self.ranker = _ScenarioRanker(ranker, self.prompts)
+        self.dispatcher = _ScenarioDispatcher(dispatcher, self.prompts)
+
+    def split(self) -> tuple[int, int]:
+        """`cluster.split`, or the simulator allocator's split for this scenario on cluster.devices."""
+        c = self.cfg.cluster
+        if c.split:
+            return c.split[0], c.split[1]
+        from poise.sim.driver import Simulation
+
+        sc = dataclasses.replace(self.scenario, split="auto",
+                                 cluster=dataclasses.replace(self.scenario.cluster, devices=c.devices))
+        s = Simulation(sc).split
+        return s.rollout, s.train
+
+    # --- the driver's three data hooks ----------------------------------------------------------
+    def problems(self, step: int) -> list[Problem]:
+        """Step `step`'s prompts, one per prompt index, as the driver's Problem records."""
+        samples = self.workload.step(step)
+        by_prompt: dict[int, list[int]] = {}
+        out: list[Problem] = []
+        for s in samples:
+            by_prompt.setdefault(s.sample_id[1], []).append(s.output_length)
+            if s.sample_id[2] == 0:
+                self.prompts[s.prompt.prompt_id] = s.prompt
+                family = next((k.split("=", 1)[1] for k in s.prompt.features if k.startswith("family=")), "trace")
+                out.append(Problem(s.prompt.prompt_id, family, "", "", "emulated"))
+        for i, lengths in by_prompt.items():
+            self.oracle[out[i].uid] = sum(lengths) / len(lengths)
+        return out
+
+    def prompt_ids(self, problem: Problem) -> tuple[int, ...]:
+        """A prompt of the scenario's length: the engine prefills and holds that many tokens."""
+        return (0,) * self.prompts[problem.uid].tokens
+
+    def reward(self, sample: Sample) -> float:
+        return float(_seed("reward", self.scenario.seed, tuple(sample.sample_id)) % 2)
