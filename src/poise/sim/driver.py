@@ -38,10 +38,10 @@ from poise.policy.controller import Decision, ResizeController, ResizePolicy, St
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, make_dispatcher
 from poise.policy.pipeline import micro_batch_of, weights_version
-from poise.policy.rankers import Finished, Prompt, make_ranker
+from poise.policy.rankers import Finished, make_ranker
 from poise.policy.split import Split, all_splits, parse_splits
 from poise.runlog import RunLog
-from poise.schema import dump, to_dict
+from poise.schema import dump
 from poise.sim.scenario import ScenarioConfig
 from poise.sim.workload import SimSample, _seed, make_workload
 
@@ -457,4 +457,4 @@ def simulate(sc: ScenarioConfig, run_dir: str | Path | None = None) -> Summary:
     return Simulation(sc, run_dir).run()
 
 
-__all__ = ["Simulation", "Summary", "StepRecord", "simulate", "make_cost", "measured_break_even", "to_dict"]
+__all__ = ["Simulation", "Summary", "StepRecord", "simulate", "make_cost", "measured_break_even"]

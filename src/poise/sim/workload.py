@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from poise.errors import ConfigError, DataError
+from poise.errors import DataError
 from poise.policy.rankers import Prompt
 from poise.schema import check, help_factory, help_field
 
