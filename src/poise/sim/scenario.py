@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from poise.errors import ConfigError, PoiseError
+from poise.errors import PoiseError
 from poise.policy.controller import ControllerConfig
 from poise.policy.cost import CostConfig
 from poise.policy.split import Split, parse_splits
@@ -131,4 +131,4 @@ def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> Scen
 
 
 __all__ = ["ClusterConfig", "ResizeConfig", "DispatchConfig", "LogConfig", "ScenarioConfig",
-           "builtin_scenarios", "scenario_data", "load_scenario", "ConfigError"]
+           "builtin_scenarios", "scenario_data", "load_scenario"]
