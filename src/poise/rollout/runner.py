@@ -112,10 +112,14 @@ class DecoderRunner:
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        rel = None
+        rel = gather = None
         if n_decode:
             attend_pos = position_ids[:n_decode]
-            if compact:  # decode rows -> their slots' offsets in the attended range
+            if compact and 2 * n_decode <= n_attend:
+                # few live rows spread over the range (the drain tail): copy just their cache rows
+                # rather than attend over every idle slot between them
+                gather = slot_ids[:n_decode]
+            elif compact:  # decode rows -> their slots' offsets in the attended range
                 rel = slot_ids[:n_decode] - step.attend_lo
                 attend_pos = attend_pos.new_zeros(n_attend).index_copy_(0, rel, attend_pos)
             key_pos = torch.arange(step.attend_len, device=self.device)
@@ -135,7 +139,7 @@ class DecoderRunner:
 
             parts = []
             if n_decode:
-                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask, rel))
+                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask, rel, gather))
             if seg_lengths:
                 parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -162,12 +166,20 @@ class DecoderRunner:
         return tokens, positions, slots
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
-                          mask: torch.Tensor, rel: torch.Tensor | None) -> torch.Tensor:
+                          mask: torch.Tensor, rel: torch.Tensor | None, gather: torch.Tensor | None) -> torch.Tensor:
         """q: [decode rows, heads, head_dim] -> [decode rows, heads * head_dim].
 
-        mask: [attended slots, 1, 1, attend_len] bool, True where a slot may attend.
-        rel: [decode rows] offsets of their slots in the range, or None if the rows are the range.
+        mask: [attended slots (gather: decode rows), 1, 1, attend_len] bool, True where a row may
+        attend. rel: [decode rows] offsets of their slots in the range (q is scattered into it), or
+        None. gather: [decode rows] their slots, whose cache rows are copied out, or None.
         """
+        if gather is not None:
+            rows = q.shape[0]
+            keys = cache.keys[layer][:, :, :step.attend_len].index_select(0, gather)
+            values = cache.values[layer][:, :, :step.attend_len].index_select(0, gather)
+            q = q.view(rows, self.num_kv_heads, self.group, self.head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+            return out.reshape(rows, self.num_heads * self.head_dim)
         n_attend = step.attend_hi - step.attend_lo
         if rel is not None:
             q = q.new_zeros((n_attend, self.num_heads, self.head_dim)).index_copy_(0, rel, q)
