@@ -25,7 +25,10 @@ Contenders, all at the same batch size B and counting only the budgeted tokens:
   workload: it ignores the drain tail and the longer contexts that long sequences attend over.
 
 Runs are interleaved (one of each contender per round) so load drift on a shared machine hits
-all alike; the table reports the median round. Prints a table and writes
+all alike; the table reports the median round, on CPU seconds of this process (one torch thread:
+the work's own time, without what other processes on a shared machine take; wall is shown too).
+A breakdown then replays the engine's schedule to say where its forward time goes (drain tail,
+attention padded to the longest live context). Prints a table and writes
 bench-results/engine-<timestamp>.json.
 """
 
@@ -150,6 +153,41 @@ def run_replay(model, steps: list[StepInputs], batch: int, context: int, tokens:
     return timer, tokens
 
 
+def breakdown(model, steps: list[StepInputs], batch: int, context: int, repeats: int) -> dict:
+    """Where the engine's forwards go, from timed replays of its schedule (CPU seconds):
+
+    - drain_tail: share of the replay spent after the last admission (no queue left to refill
+      the slots, the long tail runs with few live rows);
+    - padded_attention: share saved when each step's decode attention spans only the mean live
+      context instead of the longest (what a ragged/paged kernel would cost, roughly; a
+      timing-only counterfactual, its logits are wrong);
+    - full_batch_steps: the steps the same tokens take at a full batch.
+    """
+    runner = DecoderRunner(model)
+    cache = KVCache(runner.cache_shape(batch, context), runner.dtype, runner.device)
+    last_admission = max(i for i, step in enumerate(steps) if step.prefills)
+    ragged = []
+    for step in steps:
+        short = copy.copy(step)
+        if step.decode_positions:
+            short.attend_len = math.ceil(statistics.mean(step.decode_positions)) + 1
+        ragged.append(short)
+    per_step, ragged_total = [0.0] * len(steps), []
+    for _ in range(repeats):
+        for i, step in enumerate(steps):
+            start = time.process_time()
+            runner.forward(step, cache).argmax(-1).tolist()
+            per_step[i] += time.process_time() - start
+        start = time.process_time()
+        for step in ragged:
+            runner.forward(step, cache).argmax(-1).tolist()
+        ragged_total.append(time.process_time() - start)
+    total = sum(per_step)
+    return {"steps": len(steps), "last_admission_step": last_admission,
+            "drain_tail": sum(per_step[last_admission + 1:]) / total,
+            "padded_attention": 1 - statistics.median(ragged_total) / (total / repeats)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=512)
@@ -214,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{ratios['engine_vs_bare_loop']:.2f}x, bare-ideal {ratios['engine_vs_bare_ideal']:.2f}x, bare-replay "
           f"{ratios['engine_vs_bare_replay']:.2f}x (target >= 0.85); tokens/s on CPU seconds")
 
+    parts = breakdown(model, schedule, args.batch, context, args.repeats)
+    parts["full_batch_steps"] = math.ceil(tokens / args.batch)
+    print(f"engine schedule: {parts['steps']} steps ({parts['full_batch_steps']} at a full batch); "
+          f"drain tail {parts['drain_tail']:.0%} of its forward time, padded decode attention "
+          f"{parts['padded_attention']:.0%}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -228,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios_cpu": ratios,
         "ratios_wall": wall_ratios,
         "engine_steps": len(schedule),
+        "breakdown": parts,
     }
     path = out / f"engine-{stamp}.json"
     path.write_text(json.dumps(record, indent=2))
