@@ -6,11 +6,11 @@ Workload. A random-init model never stops on its own at realistic lengths, so ou
 are forced: each request gets max_new_tokens drawn from a lognormal (median 16 tokens, sigma 1.0,
 so p99/median ~ 10, clipped to the context), and the workload is EOS-free (every response runs
 exactly to its budget). That is the long tail RL rollouts see, with the length decided up front
-instead of by the model; all three contenders generate exactly the same number of tokens.
+instead of by the model.
 Prompts: random token ids, 8-24 tokens. Greedy decoding everywhere. Model: the default tiny
 Qwen2 (`TinyModelConfig()`), float32, on CPU with the torch threads given by --threads.
 
-Contenders, all at the same batch size B and counting only the budgeted tokens:
+Contenders, all at the same batch size B, the same prompts and the same budgets:
 - engine: `poise.rollout.engine.Engine` with B slots, requests submitted at once;
 - hf-generate: `model.generate` in static batches of B prompts (left padded), each row stopped by
   a per-row stopping criterion at its own budget, so a batch runs until its longest row ends
@@ -23,6 +23,9 @@ Contenders, all at the same batch size B and counting only the budgeted tokens:
 - bare-ideal: the same kernels, but each batch runs only ceil(its tokens / B) steps, so every
   row is useful and all contexts stay short (lockstep). No scheduler reaches this on a ragged
   workload: it ignores the drain tail and the longer contexts that long sequences attend over.
+- bare-replay: the exact sequence of forwards the engine's schedule ran (recorded from a warm-up
+  run), replayed with argmax and nothing else: the floor for the engine's own scheduling,
+  sampling and bookkeeping overhead.
 
 Runs are interleaved (one of each contender per round) so load drift on a shared machine hits
 all alike; the table reports the median round, on CPU seconds of this process (one torch thread:
