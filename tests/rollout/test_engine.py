@@ -356,3 +356,22 @@ def test_config_errors_say_how_to_fix(qwen2):
         engine(qwen2, max_context=500)
     with pytest.raises(PoiseError, match="need a tokenizer"):
         Engine(qwen2, EngineConfig(stop_strings=("x",)), GREEDY, seed=0, eos_id=None)
+
+
+def test_prefill_budget_spreads_admissions_over_steps(qwen2):
+    eng = engine(qwen2, GREEDY, num_slots=8, max_prefill_tokens=10)
+    for i in range(4):
+        eng.submit(Request((0, i, 0), [4] * 6, 5))  # 6-token prompts: one admission per step fits
+    eng.step()
+    assert eng.num_running == 1 and eng.num_queued == 3
+    eng.step()
+    assert eng.num_running == 2
+    assert len(list(eng.stream())) == 4 and eng.tokens_generated == 20
+
+
+def test_generate_needs_an_idle_engine(qwen2):
+    eng = engine(qwen2, num_slots=2)
+    eng.submit(Request((0, 0, 0), [4, 5], 3))
+    with pytest.raises(EngineBusyError, match="1 queued"):
+        eng.generate([Request((0, 1, 0), [4], 2)])
+    assert len(list(eng.stream())) == 1
