@@ -29,13 +29,13 @@ def _ints(text: str) -> tuple[int, ...]:
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="local HF checkpoint directory (Llama/Qwen2); default: the built-in tiny Qwen2")
-    parser.add_argument("--out", default="runs/profile.json", help="where to write the JSON")
-    parser.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 16, 32), help="decode batch sizes")
-    parser.add_argument("--contexts", type=_ints, default=(32, 64, 128, 224), help="decode context lengths")
-    parser.add_argument("--prompts", type=_ints, default=(8, 16, 32, 64, 128), help="prefill prompt lengths")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point (median kept)")
+    parser.add_argument("--out", default="runs/profile.json", help="where to write the JSON (default: %(default)s)")
+    parser.add_argument("--batches", type=_ints, default=(1, 2, 4, 8, 16, 32), help="decode batch sizes, comma-separated (default: 1,2,4,8,16,32)")
+    parser.add_argument("--contexts", type=_ints, default=(32, 64, 128, 224), help="decode context lengths (default: 32,64,128,224)")
+    parser.add_argument("--prompts", type=_ints, default=(8, 16, 32, 64, 128), help="prefill prompt lengths (default: 8,16,32,64,128)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per point, median kept (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (pin it: results depend on it)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
 
 
