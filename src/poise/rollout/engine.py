@@ -15,7 +15,8 @@ logits. With `batch_invariant: true` the logits are bit-identical whatever else 
 - decode runs in tiles of `invariant_tile` consecutive slots, always at the full tile and the
   full context (masked), so every matmul and attention has one fixed shape and a row's result
   cannot depend on how many other rows are live or what they hold (CPU GEMMs are row-invariant
-  at a fixed shape but not across shapes: a 1-row GEMM takes another kernel);
+  at a fixed shape but not across shapes: a 1-row GEMM takes another kernel; SDPA's output
+  changes in the last bits with the key length even when the extra keys are masked);
 - a resumed partial is prefilled with its prompt only and its generated tokens are replayed
   through the same decode tiles, so its cache is bit-identical to the uninterrupted run's.
 
@@ -74,8 +75,10 @@ class EngineConfig:
     max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
     batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
                                               "co-batched requests (fixed decode shapes; slower)")
-    invariant_tile: int = help_field(8, "rows per fixed-shape decode tile in batch_invariant mode; engines "
-                                        "must share it (and max_context) to agree bit for bit")
+    invariant_tile: int = help_field(16, "rows per fixed-shape decode tile in batch_invariant mode; engines "
+                                         "must share it (and max_context) to agree bit for bit. One forward "
+                                         "per tile with a live slot: set it to num_slots when every engine "
+                                         "has the same slots (fewest forwards)")
     max_prefill_tokens: int = help_field(2048, "prompt tokens admitted per step at most (bounds a step's work)")
     stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
                                                    "(needs a tokenizer); the completing token is kept")
