@@ -121,7 +121,9 @@ class Sample:
     max_new_tokens: int  # the budget it ran under; a resumed partial keeps it
 
 
-class Tokenizer(Protocol):
+class TokenDecoder(Protocol):
+    """What stop strings need of a tokenizer (poise.data.tokenizer.Tokenizer satisfies it)."""
+
     def decode(self, ids: list[int]) -> str: ...
 
 
@@ -151,7 +153,7 @@ class Engine:
     """
 
     def __init__(self, model: torch.nn.Module, cfg: EngineConfig, sampling: SamplingConfig, seed: int,
-                 eos_id: int | None, *, tokenizer: Tokenizer | None = None,
+                 eos_id: int | None, *, tokenizer: TokenDecoder | None = None,
                  clock: Callable[[], float] = time.perf_counter, weights_version: int = 0,
                  on_sample: Callable[[Sample], None] | None = None):
         if cfg.stop_strings and tokenizer is None:
