@@ -324,6 +324,7 @@ def test_load_weights_refuses_while_sequences_are_in_flight(qwen2, other_qwen2):
     (Request((0, 9, 0), [4, 5], -3), r"\(0, 9, 0\).*max_new_tokens=-3"),
     (Request((0, 9, 0), []), r"\(0, 9, 0\).*empty prompt"),
     (Request((0, 9, 0), [4, VOCAB + 1]), r"\(0, 9, 0\).*outside the vocabulary"),
+    (Request((0, 9, 0), [4, 2.5]), r"\(0, 9, 0\).*must be integers"),
     (Request((0, 0, 0), [4, 5]), r"\(0, 0, 0\).*already queued or running"),
 ])
 def test_bad_requests_name_themselves_and_the_rest_are_served(qwen2, bad, match):
@@ -367,6 +368,12 @@ def test_prefill_budget_spreads_admissions_over_steps(qwen2):
     eng.step()
     assert eng.num_running == 2
     assert len(list(eng.stream())) == 4 and eng.tokens_generated == 20
+
+
+def test_prompt_ids_may_be_a_tensor(qwen2):
+    as_list = engine(qwen2, GREEDY, num_slots=1).generate([Request((0, 0, 0), [4, 5, 6], 4)])
+    as_tensor = engine(qwen2, GREEDY, num_slots=1).generate([Request((0, 0, 0), torch.tensor([4, 5, 6]), 4)])
+    assert as_list[0].token_ids == as_tensor[0].token_ids and as_tensor[0].prompt_ids == (4, 5, 6)
 
 
 def test_generate_needs_an_idle_engine(qwen2):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -193,7 +194,11 @@ class Engine:
             raise RequestError(sample_id, "is already queued or running on this engine; sample ids must be unique")
         if not prompt:
             raise RequestError(sample_id, "empty prompt; a prompt needs at least one token")
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.runner.vocab_size)]
+        try:  # numpy or 0-d tensor ids become plain ints
+            prompt = [operator.index(t) for t in prompt]
+        except TypeError:
+            raise RequestError(sample_id, f"prompt ids must be integers, got {prompt[:5]!r}...") from None
+        bad = [t for t in prompt if not 0 <= t < self.runner.vocab_size]
         if bad:
             raise RequestError(sample_id, f"prompt token {bad[0]!r} is outside the vocabulary [0, "
                                           f"{self.runner.vocab_size})")
