@@ -63,6 +63,8 @@ class Runtime:
         dispatcher = dispatcher or default  # tests inject reordering or lossy dispatchers
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
                                                dispatcher, ranker, algo.group_size, cfg.rollout.num_slots)
+        if emulation is not None:  # a poll batches finishes over wall seconds: scale it with the compute
+            self.service.poll_seconds *= emulation.device_spec.time_scale
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.micro_batch_size, algo.updates_per_step, algo.group_size,
                                     algo.scale_rewards, cfg.pipeline.streaming, algo.loss_agg)

@@ -117,7 +117,6 @@ class EmulatedEngine:
         self.version = 0
         self._queue: deque[_Live] = deque()
         self._live: list[_Live] = []
-        self.slept_s = 0.0  # wall seconds slept (the emulated compute), for overhead accounting
 
     def submit(self, request: Request) -> None:
         self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), self._now()))
@@ -166,7 +165,6 @@ class EmulatedEngine:
         wall = model_seconds * self.scale
         if wall > 0:
             self._sleep_fn(wall)
-            self.slept_s += wall
 
 
 class EmulatedTrainer:
