@@ -145,7 +145,8 @@ class EmulationConfig:
 
     scenario: str = help_field("streamrl-pipeline", "simulator scenario (built-in name or YAML path) whose workload "
                                                     "(prompts, output lengths), cost model and dispatch policy apply")
-    overrides: tuple[str, ...] = help_field((), "dotted overrides of the scenario, e.g. ['workload.prompts_per_step=16']")
+    overrides: tuple[str, ...] = help_field((), "dotted overrides of the scenario, e.g. "
+                                                "['workload.prompts_per_step=16']")
     time_scale: float = help_field(0.1, "wall seconds slept per cost-model second (0.1: a modelled 60 s step "
                                         "sleeps 6 s)")
 
