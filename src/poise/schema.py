@@ -182,15 +182,49 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(key, value, f"'{part}' is not a section")
-            node = child
-        node[parts[-1]] = value
+        node: Any = data
+        steps = _override_path(key.strip())
+        for step, following in zip(steps, steps[1:]):
+            node = _descend(node, step, following, key, value)
+        last = steps[-1]
+        if isinstance(last, int):
+            if not isinstance(node, list) or not -len(node) <= last < len(node):
+                raise ConfigError(key, value, f"index [{last}] is out of range; the list has "
+                                              f"{len(node) if isinstance(node, list) else 0} items")
+        elif not isinstance(node, dict):
+            raise ConfigError(key, value, f"'{last}' is not inside a section")
+        node[last] = value
     return data
+
+
+def _override_path(key: str) -> list[str | int]:
+    """'a.b[2].c' -> ['a', 'b', 2, 'c']."""
+    steps: list[str | int] = []
+    for part in key.split("."):
+        name, _, rest = part.partition("[")
+        if name:
+            steps.append(name)
+        while rest:
+            index, _, rest = rest.partition("]")
+            if not index.lstrip("-").isdigit():
+                raise PoiseError(f"override key '{key}': '[{index}]' is not a list index; write e.g. phases[0].steps=3")
+            steps.append(int(index))
+            rest = rest.removeprefix("[")
+    return steps
+
+
+def _descend(node: Any, step: str | int, following: str | int, key: str, value: Any) -> Any:
+    if isinstance(step, int):
+        if not isinstance(node, list) or not -len(node) <= step < len(node):
+            raise ConfigError(key, value, f"index [{step}] is out of range; the list has "
+                                          f"{len(node) if isinstance(node, list) else 0} items")
+        return node[step]
+    if not isinstance(node, dict):
+        raise ConfigError(key, value, f"'{step}' is not inside a section")
+    child = node.setdefault(step, [] if isinstance(following, int) else {})
+    if not isinstance(child, (dict, list)):
+        raise ConfigError(key, value, f"'{step}' is not a section")
+    return child
 
 
 def load(cls: type[T], path: str | Path | None, overrides: list[str] | None = None) -> T:
