@@ -218,13 +218,14 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
-    _prepare_model(cfg)
     emulation = None
-    if cfg.cluster.compute == "emulated":
+    if cfg.cluster.compute == "emulated":  # no model anywhere: no warm start, nothing to load
         from poise.runtime.emulated import Emulation
 
         emulation = Emulation.from_config(cfg, resume)  # a bad scenario fails here, before Ray starts
         cfg = emulation.cfg  # prompts per step and group size are the scenario workload's
+    else:
+        _prepare_model(cfg)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     split = emulation.split() if emulation is not None else choose_split(cfg)
     if not resume:
