@@ -29,9 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.policy.cost import instance_finish_times
 from poise.policy.dispatch import InstanceInfo
@@ -189,11 +189,7 @@ def main() -> int:
                   f"{r['measured_vs_sim']:>+13.1%}")
     wall = time.perf_counter() - t0
     print(f"\n({wall:.0f} s wall)")
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    path = out / f"runtime_emulated-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({"args": vars(args), "modes": results, "ratios": ratios, "wall_s": wall}, indent=1))
-    print(f"wrote {path}")
+    write_results("runtime_emulated", {"args": vars(args), "modes": results, "ratios": ratios, "wall_s": wall})
     return 0
 
 

@@ -14,11 +14,9 @@ Writes bench-results/sim_controller-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
+from results import write_results  # benchmarks/results.py
 from poise.schema import apply_overrides, build
 from poise.sim import ScenarioConfig, load_scenario, simulate
 from poise.sim.scenario import scenario_data
@@ -73,11 +71,7 @@ def main() -> int:
         print(f"{item:<36} {s.total_s:>8,.0f} {static.total_s / s.total_s - 1:>+9.1%} {len(s.resizes):>7}")
     wall = time.perf_counter() - t0
     print(f"\n({wall:.1f} s wall)")
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    path = out / f"sim_controller-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({"alternating": thrash, "sensitivity": sens, "wall_s": wall}, indent=1))
-    print(f"wrote {path}")
+    write_results("sim_controller", {"alternating": thrash, "sensitivity": sens, "wall_s": wall})
     return 0
 
 

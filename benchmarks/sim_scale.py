@@ -12,14 +12,13 @@ Writes bench-results/sim_scale-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from results import write_results  # benchmarks/results.py
 from poise.sim import load_scenario
 from poise.sim.driver import Simulation
 
@@ -45,12 +44,8 @@ def main() -> int:
         print(f"{i:>6} {t:>8.2f}")
     print(f"median {statistics.median(times):.2f} s (bound: 30 s); {samples / statistics.median(times):,.0f} samples/s; "
           f"events.jsonl {events / 1e6:.1f} MB; virtual time {s.total_s:,.0f} s; resizes {len(s.resizes)}")
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    path = out / f"sim_scale-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({"steps": args.steps, "samples": samples, "wall_s": times,
-                                "median_s": statistics.median(times), "summary": s.as_dict()}, indent=1))
-    print(f"wrote {path}")
+    write_results("sim_scale", {"steps": args.steps, "samples": samples, "wall_s": times,
+                                "median_s": statistics.median(times), "summary": s.as_dict()})
     return 0
 
 

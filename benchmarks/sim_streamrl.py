@@ -13,11 +13,9 @@ Writes bench-results/sim_streamrl-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
+from results import write_results  # benchmarks/results.py
 from poise.sim import load_scenario
 from poise.sim.driver import Simulation
 
@@ -59,11 +57,7 @@ def main() -> int:
         print(f"{policy:<13} {ranker:<8} {s.rollout_s_mean:>12.1f} {cut:>+9.1%}")
     wall = time.perf_counter() - t0
     print(f"\n({wall:.1f} s wall)")
-    out = Path("bench-results")
-    out.mkdir(exist_ok=True)
-    path = out / f"sim_streamrl-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps({"pipeline": pipeline, "skew": skew, "wall_s": wall}, indent=1))
-    print(f"wrote {path}")
+    write_results("sim_streamrl", {"pipeline": pipeline, "skew": skew, "wall_s": wall})
     return 0
 
 
