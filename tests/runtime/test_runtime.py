@@ -144,3 +144,9 @@ def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, re
     train_disaggregated(cfg, resume=True)
     assert _final(tmp_path) == final
     assert _tokens(tmp_path) == tokens  # steps 0-1 from the first run, step 2 from the resumed one
+
+
+def test_async_resume_is_refused_before_any_work(tmp_path):
+    with pytest.raises(PoiseError, match="--resume of pipeline.mode=async is not supported yet"):
+        train_disaggregated(_cfg(tmp_path / "run", "pipeline.mode=async"), resume=True)
+    assert not (tmp_path / "run").exists()

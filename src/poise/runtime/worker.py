@@ -246,7 +246,7 @@ class DeviceWorker:
         if self.rank != src:
             self.engine.load_weights(received, version)
         else:
-            self.engine.version = version
+            self.engine.set_weights_version(version)  # the leader's engine shares its weights
         self.version = version
         return time.time() - start
 
@@ -270,7 +270,7 @@ class DeviceWorker:
 
     def set_version(self, version: int) -> None:
         self.version = version
-        self.engine.version = version
+        self.engine.set_weights_version(version)
 
 
 def _initial_policy(spec: WorkerSpec, tokenizer):

@@ -66,7 +66,7 @@ class ColocatedLoop:
     # --- the phases of one step -------------------------------------------------------------
     def generate(self, step: int, problems: list[Problem]):
         g = self.cfg.algorithm.group_size
-        self.engine.version = self.state.weights_version
+        self.engine.set_weights_version(self.state.weights_version)
         return self.engine.generate(Request((step, i, j), encode_prompt(self.tokenizer, p))
                                     for i, p in enumerate(problems) for j in range(g))
 
