@@ -22,6 +22,16 @@ ROLE_COLORS = {"rollout": "#4C72B0", "train": "#DD8452", "resize": "#C44E52", "i
 MAX_TIMELINE_ROWS = 64  # beyond this a per-device chart is unreadable; rows are sampled
 
 
+
+def _save(fig, path: Path) -> Path:
+    """Every figure of the report: tight layout, 90 dpi PNG, figure closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
 def load_run(run_dir: str | Path) -> dict[str, Any]:
     run = Path(run_dir)
     events_path, metrics_path = run / "events.jsonl", run / "metrics.jsonl"
@@ -82,9 +92,7 @@ def draw_timeline(events: list[dict], path: Path) -> None:
 
     ax.legend(handles=[Patch(color=c, label=r) for r, c in ROLE_COLORS.items()], loc="upper right",
               fontsize=7, ncol=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _steps(events: list[dict], metrics: list[dict]) -> list[dict]:
@@ -120,10 +128,7 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     ax.set_ylabel("seconds")
     ax.set_title("Step time (dashed: resizes)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["step_time"] = out / "step_time.png"
-    fig.savefig(paths["step_time"], dpi=90)
-    plt.close(fig)
+    paths["step_time"] = _save(fig, out / "step_time.png")
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
     ts = [s["end"] for s in steps]
@@ -134,10 +139,7 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     ax.set_ylabel("devices")
     ax.set_title("Split over time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths["split"] = out / "split.png"
-    fig.savefig(paths["split"], dpi=90)
-    plt.close(fig)
+    paths["split"] = _save(fig, out / "split.png")
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
     tput = []
@@ -150,10 +152,7 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     ax.set_xlabel("step")
     ax.set_ylabel("generated tokens / s")
     ax.set_title("Throughput")
-    fig.tight_layout()
-    paths["throughput"] = out / "throughput.png"
-    fig.savefig(paths["throughput"], dpi=90)
-    plt.close(fig)
+    paths["throughput"] = _save(fig, out / "throughput.png")
     return paths
 
 
@@ -204,6 +203,4 @@ def draw_sweep(rows: list[dict[str, Any]], param: str, metric: str, path: Path) 
     ax.set_ylabel(metric)
     if len(groups) > 1:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path)

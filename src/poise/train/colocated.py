@@ -6,7 +6,6 @@ version k, exact rewards, group-normalised advantages, one update -> version k +
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from poise.algo.losses import group_advantages
 from poise.config import TrainConfig
 from poise.data.tasks import Problem, reward
 from poise.errors import PoiseError
+from poise.policy.cost import percentile
 from poise.rollout.engine import Engine, Request
 from poise.runlog import RunLog
 from poise.schema import dump
@@ -33,12 +33,6 @@ SampleId = tuple[int, int, int]
 class StepResult:
     rewards: dict[SampleId, float]
     metrics: dict
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
-    ordered = sorted(values)
-    return float(ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)])
 
 
 class ColocatedLoop:
@@ -132,8 +126,8 @@ def step_metrics(step: int, samples, rewards: dict[SampleId, float], problems: l
         "reward_mean": sum(rewards.values()) / len(rewards),
         "reward_by_family": {f: sum(v) / len(v) for f, v in sorted(by_family.items())},
         "response_len_mean": sum(lengths) / len(lengths),
-        "response_len_p50": percentile(lengths, 50),
-        "response_len_p99": percentile(lengths, 99),
+        "response_len_p50": percentile(lengths, 0.5),
+        "response_len_p99": percentile(lengths, 0.99),
         "response_len_max": max(lengths),
         "tokens": sum(lengths),
         "step_s": step_s,
