@@ -5,11 +5,18 @@ embedding, MLP, lm_head), so the math is the transformers math and the parameter
 HF names; only attention and the cache are ours. One call mixes decode rows (one new token for
 each of several slots) and prefill segments (a whole prompt for one slot each): every token-wise
 operation runs once over all tokens of the step flattened to [N, hidden], all new keys and
-values go to the cache in one scatter per layer, and attention runs once for the decode rows
-(over a view of the cache, masked per slot) and once for all prefill segments (padded to the
-longest; a prefill always starts at position 0, so it attends to its own fresh keys). Mixing
-prefill into the decode step keeps an admission from costing a whole extra forward
+values go to the cache in one scatter per layer, and attention runs for the decode rows (over
+the cache, masked per slot) and for the prefill segments (a prefill always starts at position 0,
+so it attends to its own fresh keys: a few prompts one by one, many padded into one batch).
+Mixing prefill into the decode step keeps an admission from costing a whole extra forward
 (Sarathi-style piggybacking).
+
+Decode attention is ragged in the fast path. Continuous batching on a long tail keeps a few long
+sequences beside many short ones, and attending every row over the longest live context would
+spend most of the attention on masked keys (torch has no varlen SDPA on CPU). So the rows are
+sorted by context length and cut into a few groups (`plan_decode_groups`), each attending only
+over its own longest context: a view of the cache where the group's slots are (nearly)
+consecutive, else a copy of just its slots' rows, which costs far less than SDPA over them.
 """
 
 from __future__ import annotations
@@ -29,16 +36,16 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 class StepInputs:
     """What one forward computes.
 
-    decode_*: one row per decoding slot, in increasing slot order, all within
-    [attend_lo, attend_hi); the row's token is written to the cache at `decode_positions` and
-    attends to positions [0, position] of its slot over cache positions [0, attend_len).
+    decode_*: one row per decoding slot, in increasing slot order; the row's token is written to
+    the cache at `decode_positions` and attends to positions [0, position] of its slot.
     prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
 
-    fixed_shape: decode runs over every slot of [attend_lo, attend_hi): a slot with no decode
-    row gets a padding row (writes to the scratch row), and the logits keep one row per slot of
-    the range. Batch-invariant tiles rely on this: the shapes depend on the range, never on which
-    slots are live. Otherwise only the decode rows are computed (a padding row costs as much as a
-    real one) and only attention spans the range.
+    fixed_shape: decode runs over every slot of [attend_lo, attend_hi), all slots within it,
+    each attending over cache positions [0, attend_len) (masked): a slot with no decode row gets
+    a padding row (writes to the scratch row), and the logits keep one row per slot of the range.
+    Batch-invariant tiles rely on this: the shapes depend on the range, never on which slots are
+    live. Otherwise (the fast path) only the decode rows are computed and attention is ragged
+    (see the module docstring); attend_* are then ignored.
     """
 
     decode_slots: list[int] = field(default_factory=list)
@@ -49,6 +56,79 @@ class StepInputs:
     attend_hi: int = 0
     attend_len: int = 0
     fixed_shape: bool = False
+
+
+# About what one more attention call (SDPA plus its key/value copy) costs, in attended
+# (query row, key) pairs: a group is split off only when it saves more than this.
+GROUP_OVERHEAD = 1024
+MAX_DECODE_GROUPS = 4
+# Up to this many prompts in one forward attend one by one (views, one SDPA each); more are
+# padded into one batch. On CPU, padding 2-4 short prompts (three gathers, a mask, a scatter back)
+# cost more than their separate calls.
+PREFILL_ONE_BY_ONE = 4
+
+
+@dataclass(frozen=True)
+class DecodeGroupPlan:
+    """Decode rows that attend over one key length.
+
+    rows: indices into the step's decode rows, in increasing slot order; length: keys attended
+    (the group's longest position + 1). gather False: attend a view of cache slots [lo, hi)
+    (slots in it without a row of the group get zero queries); True: copy the rows' own slots.
+    """
+
+    rows: tuple[int, ...]
+    length: int
+    lo: int
+    hi: int
+    gather: bool
+
+
+def plan_decode_groups(slots: list[int], positions: list[int], overhead: int = GROUP_OVERHEAD,
+                       max_groups: int = MAX_DECODE_GROUPS) -> list[DecodeGroupPlan]:
+    """Cut decode rows (slots, positions; increasing slots) into groups by context length.
+
+    Rows are sorted longest first and cut where the cut saves the most attended (row, key)
+    pairs, while that saving exceeds `overhead`: a long tail of a few long sequences beside many
+    short ones becomes a few rows over long contexts and many over short ones, instead of every
+    row over the longest. Groups come longest first.
+    """
+    n = len(slots)
+    order = sorted(range(n), key=lambda r: -positions[r])
+    lengths = [positions[r] + 1 for r in order]
+    cuts = [0]
+    while len(cuts) < max_groups:
+        start, best, cut = cuts[-1], overhead, None
+        top = lengths[start]
+        for k in range(start + 1, n):
+            saving = (n - k) * (top - lengths[k])  # rows k.. would attend lengths[k] keys, not top
+            if saving > best:
+                best, cut = saving, k
+        if cut is None:
+            break
+        cuts.append(cut)
+    cuts.append(n)
+    plans = []
+    for a, b in zip(cuts, cuts[1:]):
+        rows = tuple(sorted(order[a:b]))
+        lo, hi = slots[rows[0]], slots[rows[-1]] + 1
+        # a view while at most a fifth of its range idles; else copying the rows' slots is cheaper
+        plans.append(DecodeGroupPlan(rows, lengths[a], lo, hi, gather=4 * (hi - lo) > 5 * len(rows)))
+    return plans
+
+
+@dataclass
+class _DecodeGroup:
+    """A DecodeGroupPlan as device tensors. rows: where the group's rows sit in q (None: all, in
+    order); gather: their slots; rel: their offsets in [lo, hi); mask: [queries, 1, 1, length]."""
+
+    length: int
+    lo: int
+    hi: int
+    rows: torch.Tensor | None = None
+    gather: torch.Tensor | None = None
+    rel: torch.Tensor | None = None
+    mask: torch.Tensor | None = None
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +162,7 @@ class DecoderRunner:
         self.max_positions = config.max_position_embeddings
         self.dtype = model.lm_head.weight.dtype
         self.device = model.lm_head.weight.device
+        self.group_overhead, self.max_decode_groups = GROUP_OVERHEAD, MAX_DECODE_GROUPS  # plan_decode_groups
 
     def cache_shape(self, slots: int, context: int) -> CacheShape:
         return CacheShape(len(self.layers), slots, self.num_kv_heads, context, self.head_dim)
@@ -93,8 +174,6 @@ class DecoderRunner:
     def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
         """Logits [rows, vocab] (float32): the decode rows (with fixed_shape, one per slot of the
         attended range, padding included), then each prefill's last token."""
-        n_attend = step.attend_hi - step.attend_lo
-        compact = not step.fixed_shape and len(step.decode_slots) < n_attend
         if step.fixed_shape:
             tokens, positions, slots = self._dense_decode_rows(step, cache.scratch)
         else:
@@ -112,20 +191,9 @@ class DecoderRunner:
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        rel = gather = None
-        if n_decode:
-            attend_pos = position_ids[:n_decode]
-            if compact and 2 * n_decode <= n_attend:
-                # few live rows spread over the range (the drain tail): copy just their cache rows
-                # rather than attend over every idle slot between them
-                gather = slot_ids[:n_decode]
-            elif compact:  # decode rows -> their slots' offsets in the attended range
-                rel = slot_ids[:n_decode] - step.attend_lo
-                attend_pos = attend_pos.new_zeros(n_attend).index_copy_(0, rel, attend_pos)
-            key_pos = torch.arange(step.attend_len, device=self.device)
-            # [slots, 1, 1, keys]: a slot attends to its own positions 0..current (idle slots: 0)
-            decode_mask = (key_pos[None, :] <= attend_pos[:, None])[:, None, None, :]
-        prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > 1 else None
+        groups = self._decode_groups(step, position_ids[:n_decode]) if n_decode else []
+        # a few prompts attend one by one (views, no copies); many at once pay for padding them
+        prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > PREFILL_ONE_BY_ONE else None
 
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -139,7 +207,7 @@ class DecoderRunner:
 
             parts = []
             if n_decode:
-                parts.append(self._decode_attention(q[:n_decode], cache, index, step, decode_mask, rel, gather))
+                parts.append(self._decode_attention(q[:n_decode], cache, index, groups))
             if seg_lengths:
                 parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -165,32 +233,91 @@ class DecoderRunner:
             tokens[row], positions[row], slots[row] = token, position, slot
         return tokens, positions, slots
 
-    def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int, step: StepInputs,
-                          mask: torch.Tensor, rel: torch.Tensor | None, gather: torch.Tensor | None) -> torch.Tensor:
+    def _decode_groups(self, step: StepInputs, positions: torch.Tensor) -> list[_DecodeGroup]:
+        """How the decode rows attend this step (computed once, used by every layer).
+
+        positions: [decode rows] int64 on the device (fixed shape: one row per slot of the range,
+        padding rows at 0).
+        """
+        if step.fixed_shape:  # one group over the whole tile and context: no shape depends on who is live
+            key_pos = torch.arange(step.attend_len, device=self.device)
+            mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+            return [_DecodeGroup(step.attend_len, step.attend_lo, step.attend_hi, mask=mask)]
+        slots, pos = step.decode_slots, step.decode_positions
+        plans = plan_decode_groups(slots, pos, self.group_overhead, self.max_decode_groups)
+        if len(plans) == 1 and not plans[0].gather and plans[0].hi - plans[0].lo == len(slots):
+            # the common case: consecutive slots in one group, no index to send
+            plan = plans[0]
+            mask = None
+            if any(p != plan.length - 1 for p in pos):
+                key_pos = torch.arange(plan.length, device=self.device)
+                mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+            return [_DecodeGroup(plan.length, plan.lo, plan.hi, mask=mask)]
+        reorder = len(plans) > 1
+        # every index the groups need, in one host->device transfer
+        flat: list[int] = []
+        for plan in plans:
+            if reorder:
+                flat.extend(plan.rows)
+            if plan.gather:
+                flat.extend(slots[r] for r in plan.rows)
+                flat.extend(pos[r] for r in plan.rows)
+            elif plan.hi - plan.lo > len(plan.rows):  # idle slots inside the range attend key 0
+                flat.extend(slots[r] - plan.lo for r in plan.rows)
+                span = [0] * (plan.hi - plan.lo)
+                for r in plan.rows:
+                    span[slots[r] - plan.lo] = pos[r]
+                flat.extend(span)
+            else:
+                flat.extend(pos[r] for r in plan.rows)
+        ids = self._ids(flat)
+        key_pos = torch.arange(max(plan.length for plan in plans), device=self.device)
+        groups, offset = [], 0
+
+        def take(count: int) -> torch.Tensor:
+            nonlocal offset
+            offset += count
+            return ids[offset - count:offset]
+
+        for plan in plans:
+            n = len(plan.rows)
+            rows = take(n) if reorder else None
+            gather = take(n) if plan.gather else None
+            rel = take(n) if not plan.gather and plan.hi - plan.lo > n else None
+            group_pos = take(n if plan.gather else plan.hi - plan.lo)
+            mask = None  # every query attends every key: lockstep rows need no mask
+            if any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None:
+                mask = (key_pos[None, :plan.length] <= group_pos[:, None])[:, None, None, :]
+            groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
+        return groups
+
+    def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int,
+                          groups: list[_DecodeGroup]) -> torch.Tensor:
         """q: [decode rows, heads, head_dim] -> [decode rows, heads * head_dim].
 
-        mask: [attended slots (gather: decode rows), 1, 1, attend_len] bool, True where a row may
-        attend. rel: [decode rows] offsets of their slots in the range (q is scattered into it), or
-        None. gather: [decode rows] their slots, whose cache rows are copied out, or None.
+        GQA without copying the cache: the `group` query heads that share a key/value head
+        become `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
         """
-        if gather is not None:
-            rows = q.shape[0]
-            keys = cache.keys[layer][:, :, :step.attend_len].index_select(0, gather)
-            values = cache.values[layer][:, :, :step.attend_len].index_select(0, gather)
-            q = q.view(rows, self.num_kv_heads, self.group, self.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-            return out.reshape(rows, self.num_heads * self.head_dim)
-        n_attend = step.attend_hi - step.attend_lo
-        if rel is not None:
-            q = q.new_zeros((n_attend, self.num_heads, self.head_dim)).index_copy_(0, rel, q)
-        # GQA without copying the cache: the `group` query heads that share a key/value head become
-        # `group` query rows against it (HF's repeat_kv maps head h to kv head h // group).
-        q = q.view(n_attend, self.num_kv_heads, self.group, self.head_dim)
-        keys = cache.keys[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
-        values = cache.values[layer][step.attend_lo:step.attend_hi, :, :step.attend_len]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.reshape(n_attend, self.num_heads * self.head_dim)
-        return out if rel is None else out.index_select(0, rel)
+        outs = []
+        for g in groups:
+            qg = q if g.rows is None else q.index_select(0, g.rows)
+            if g.gather is not None:  # scattered slots: copy just their cache rows
+                keys = cache.keys[layer][:, :, :g.length].index_select(0, g.gather)
+                values = cache.values[layer][:, :, :g.length].index_select(0, g.gather)
+            else:
+                keys = cache.keys[layer][g.lo:g.hi, :, :g.length]
+                values = cache.values[layer][g.lo:g.hi, :, :g.length]
+                if g.rel is not None:  # idle slots inside the range get zero queries
+                    qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
+            n = qg.shape[0]
+            out = F.scaled_dot_product_attention(qg.view(n, self.num_kv_heads, self.group, self.head_dim),
+                                                 keys, values, attn_mask=g.mask, scale=self.scale)
+            out = out.reshape(n, self.num_heads * self.head_dim)
+            outs.append(out if g.rel is None else out.index_select(0, g.rel))
+        if len(groups) == 1:
+            return outs[0]
+        out = torch.cat(outs)  # groups in length order -> rows in slot order
+        return torch.empty_like(out).index_copy_(0, torch.cat([g.rows for g in groups]), out)
 
     def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
@@ -213,11 +340,16 @@ class DecoderRunner:
 
         q: [T, heads, d]; k, v: [T, kv_heads, d], the prompts concatenated -> [T, heads * d].
         """
-        if plan is None:  # one prompt: no padding
-            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                                 v.transpose(0, 1)[None], is_causal=True, scale=self.scale,
-                                                 enable_gqa=self.group > 1)
-            return out[0].transpose(0, 1).reshape(q.shape[0], self.num_heads * self.head_dim)
+        if plan is None:  # each prompt alone: no padding
+            outs, offset = [], 0
+            for length in lengths:
+                seg = slice(offset, offset + length)
+                offset += length
+                out = F.scaled_dot_product_attention(q[seg].transpose(0, 1)[None], k[seg].transpose(0, 1)[None],
+                                                     v[seg].transpose(0, 1)[None], is_causal=True, scale=self.scale,
+                                                     enable_gqa=self.group > 1)
+                outs.append(out[0].transpose(0, 1).reshape(length, self.num_heads * self.head_dim))
+            return outs[0] if len(outs) == 1 else torch.cat(outs)
         gather, back, mask = plan
         segments, width = len(lengths), max(lengths)
 
