@@ -317,6 +317,8 @@ class Engine:
         return torch.stack([tokens.double(), logprobs.double()], dim=1)
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send
+            return sample_next(logits, self.seed, None, None, self.sampling)
         # one host->device copy: (step, prompt_index, sample_index, position) per row
         keys = torch.tensor([(*seq.sample_id, len(seq.tokens)) if seq else (0, 0, 0, 0) for seq in members],
                             dtype=torch.int64, device=logits.device)

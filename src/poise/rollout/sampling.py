@@ -102,11 +102,12 @@ def filtered_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     return logp
 
 
-def sample_next(logits: torch.Tensor, seed: int, sample_ids: torch.Tensor, positions: torch.Tensor,
+def sample_next(logits: torch.Tensor, seed: int, sample_ids: torch.Tensor | None, positions: torch.Tensor | None,
                 cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose the next token of each row.
 
-    logits: [B, V] (any float dtype); sample_ids: [B, 3] int64; positions: [B] int64.
+    logits: [B, V] (any float dtype); sample_ids: [B, 3] int64; positions: [B] int64 (both unused,
+    and may be None, when greedy).
     Returns (tokens [B] int64, logprobs [B] float32) where logprobs are under the tempered,
     unfiltered distribution log_softmax(logits / T) — what the trainer recomputes.
     """
@@ -115,6 +116,8 @@ def sample_next(logits: torch.Tensor, seed: int, sample_ids: torch.Tensor, posit
         tokens = torch.argmax(logits, dim=-1)
         logp_full = torch.log_softmax(logits, dim=-1)
     else:
+        if sample_ids is None or positions is None:
+            raise ValueError(f"sampling at temperature {cfg.temperature} needs sample_ids and positions")
         logp_full = torch.log_softmax(logits / cfg.temperature, dim=-1)
         logp = filtered_logprobs(logits, cfg)
         u = uniforms(sample_keys(seed, sample_ids, positions), logits.shape[-1])
