@@ -173,8 +173,11 @@ def test_fast_mode_tokens_do_not_depend_on_the_batch(qwen2):
 
 
 def test_batch_invariance_with_two_threads(qwen2):
+    # bitwise holds at a fixed thread count per device (DESIGN.md invariant 1), here two: threaded
+    # kernels must not make a row depend on its batch. Across thread counts MKL may split a
+    # reduction differently (seen on an AMD EPYC host), which no invariant promises.
     reqs = requests(10)
-    reference = _run(qwen2, reqs, 1)
+    reference = _run(qwen2, reqs, 1, threads=2)
     two = _run(qwen2, reqs[::-1], 8, threads=2)
     assert {sid: (s.token_ids, s.logprobs) for sid, s in two.items()} == \
            {sid: (s.token_ids, s.logprobs) for sid, s in reference.items()}
