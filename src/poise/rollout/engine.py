@@ -20,8 +20,9 @@ logits. With `batch_invariant: true` the logits are bit-identical whatever else 
 - a resumed partial is prefilled with its prompt only and its generated tokens are replayed
   through the same decode tiles, so its cache is bit-identical to the uninterrupted run's.
 
-The fast mode (default) packs only live rows and resumes by prefilling prompt + generated
-tokens; tokens then match up to floating-point near-ties, as they would between batch sizes.
+The fast mode (default) packs only live rows, attends each over about its own context (the
+runner's ragged decode groups) and resumes by prefilling prompt + generated tokens; tokens then
+match up to floating-point near-ties, as they would between batch sizes.
 
 Weights versions (invariant 4): every token of a sample is generated under one version, the
 one it is stamped with. `load_weights` therefore refuses while sequences are in flight, and
