@@ -31,12 +31,12 @@ Contenders, all at the same batch size B, the same prompts and the same budgets:
   sampling and bookkeeping overhead (the acceptance comparator for the 0.85x item).
 
 Runs are interleaved (one of each contender per round, every other round in reverse) so load
-drift on a shared machine hits all alike; times are CPU seconds of this process (one torch thread: the work's own time, without
-what other processes take; wall is shown too), the table shows each contender's median round,
-and "engine is" is the median over rounds of that round's ratio. A breakdown then replays the
-engine's schedule to say where its forward time goes (drain tail, and what ragged decode
-attention saves over attending the longest live context). Prints a table and writes
-bench-results/engine-<timestamp>.json.
+drift on a shared machine hits all alike; times are CPU seconds of this process (one torch
+thread: the work's own time, without what other processes take; wall is shown too), the table
+shows each contender's median round, and "engine is" is the median over rounds of that round's
+ratio. A breakdown then replays the engine's schedule to say where its forward time goes (drain
+tail, and what ragged decode attention saves over attending the longest live context). Prints a
+table and writes bench-results/engine-<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -143,8 +143,7 @@ def run_bare(model, requests, batch: int, context: int, ideal: bool) -> tuple[Ti
             tokens = runner.forward(prefill, cache).argmax(-1).tolist()
             positions = [len(r.prompt_ids) for r in chunk]
             for _ in range(steps - 1):
-                step = StepInputs(list(range(rows)), tokens, positions, attend_lo=0, attend_hi=rows,
-                                  attend_len=max(positions) + 1)
+                step = StepInputs(list(range(rows)), tokens, positions)
                 tokens = runner.forward(step, cache).argmax(-1).tolist()
                 positions = [p + 1 for p in positions]
     return timer, counted

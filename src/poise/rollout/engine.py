@@ -270,15 +270,12 @@ class Engine:
         admitted = self._admissions()
         step = StepInputs()
         rows: list[_Sequence | None] = []
-        if running:
-            step.attend_lo, step.attend_hi = running[0], running[-1] + 1
-            for slot in running:
-                seq = self._slots[slot]
-                rows.append(seq)
-                step.decode_slots.append(slot)
-                step.decode_tokens.append(seq.tokens[-1])
-                step.decode_positions.append(seq.cached)
-            step.attend_len = max(step.decode_positions) + 1
+        for slot in running:
+            seq = self._slots[slot]
+            rows.append(seq)
+            step.decode_slots.append(slot)
+            step.decode_tokens.append(seq.tokens[-1])
+            step.decode_positions.append(seq.cached)
         for seq in admitted:  # a resumed partial re-prefills prompt + generated tokens at once
             step.prefills.append((seq.slot, seq.prompt + seq.tokens))
             rows.append(seq)

@@ -85,8 +85,7 @@ def profile_model(model: torch.nn.Module, cfg: ProfileConfig, name: str,
     for context in cfg.contexts:
         for batch in cfg.batch_sizes:
             step = StepInputs(decode_slots=list(range(batch)), decode_tokens=[3] * batch,
-                              decode_positions=[context - 1] * batch, attend_lo=0, attend_hi=batch,
-                              attend_len=context)
+                              decode_positions=[context - 1] * batch)
             seconds = _median_seconds(lambda: step_and_sample(step, batch), cfg.repeats, sync)
             decode.append({"batch": batch, "context": context, "seconds_per_step": seconds})
             tick(f"decode batch {batch} context {context}")

@@ -240,18 +240,14 @@ class DecoderRunner:
         padding rows at 0).
         """
         if step.fixed_shape:  # one group over the whole tile and context: no shape depends on who is live
-            key_pos = torch.arange(step.attend_len, device=self.device)
-            mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+            mask = self._decode_mask(step.attend_len, positions)
             return [_DecodeGroup(step.attend_len, step.attend_lo, step.attend_hi, mask=mask)]
         slots, pos = step.decode_slots, step.decode_positions
         plans = plan_decode_groups(slots, pos, self.group_overhead, self.max_decode_groups)
         if len(plans) == 1 and not plans[0].gather and plans[0].hi - plans[0].lo == len(slots):
             # the common case: consecutive slots in one group, no index to send
             plan = plans[0]
-            mask = None
-            if any(p != plan.length - 1 for p in pos):
-                key_pos = torch.arange(plan.length, device=self.device)
-                mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+            mask = self._decode_mask(plan.length, positions) if any(p != plan.length - 1 for p in pos) else None
             return [_DecodeGroup(plan.length, plan.lo, plan.hi, mask=mask)]
         reorder = len(plans) > 1
         # every index the groups need, in one host->device transfer
@@ -271,7 +267,6 @@ class DecoderRunner:
             else:
                 flat.extend(pos[r] for r in plan.rows)
         ids = self._ids(flat)
-        key_pos = torch.arange(max(plan.length for plan in plans), device=self.device)
         groups, offset = [], 0
 
         def take(count: int) -> torch.Tensor:
@@ -287,9 +282,14 @@ class DecoderRunner:
             group_pos = take(n if plan.gather else plan.hi - plan.lo)
             mask = None  # every query attends every key: lockstep rows need no mask
             if any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None:
-                mask = (key_pos[None, :plan.length] <= group_pos[:, None])[:, None, None, :]
+                mask = self._decode_mask(plan.length, group_pos)
             groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
         return groups
+
+    def _decode_mask(self, length: int, positions: torch.Tensor) -> torch.Tensor:
+        """[rows, 1, 1, length] bool: a row at position p attends keys 0..p of its slot."""
+        key_pos = torch.arange(length, device=self.device)
+        return (key_pos[None, :] <= positions[:, None])[:, None, None, :]
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int,
                           groups: list[_DecodeGroup]) -> torch.Tensor:
