@@ -2,6 +2,8 @@
 
 Each component receives only its own section (STYLE.md rule 3). Load with
 `load_train_config(path, overrides)`; every bad key, type or value fails here, before any work.
+Torch-free, down to the engine, sampling and tiny-model sections (DESIGN.md, Layers): the driver
+and emulated workers load and unpickle every section without importing torch.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from pathlib import Path
 from typing import Literal
 
 from poise.data.tasks import Phase, validate_phases
-from poise.model.loading import TinyModelConfig
-from poise.rollout.engine import EngineConfig
-from poise.rollout.sampling import SamplingConfig
 from poise.errors import ConfigError
+from poise.policy.dispatch import DispatchConfig
+from poise.policy.pipeline import PipelineConfig
+from poise.policy.plan import MICRO_BATCH_SIZE_HELP
 from poise.schema import check, help_factory, help_field, load
 
 
@@ -27,7 +29,9 @@ class RunConfig:
     checkpoint_every: int = help_field(10, "save a checkpoint every N steps (and at the last step); 0 = last only")
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
-    log_tokens: bool = help_field(False, "also write each sample's token ids into its events.jsonl line")
+    log_tokens: bool = help_field(False, "also write each sample's token ids and log-probs into its events.jsonl line")
+    verify_sync: bool = help_field(False, "after every weight sync, check that each rollout device's weights digest "
+                                          "equals the trainer's (hashes every weight: for tests and debugging)")
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
@@ -46,6 +50,27 @@ class SFTConfig:
         check(self.steps >= 0, "steps", self.steps, "must be >= 0")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         check(self.lr > 0, "lr", self.lr, "must be > 0")
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """A small decoder that trains on a 2-core CPU in minutes."""
+
+    arch: Literal["qwen2", "llama"] = help_field("qwen2", "transformers architecture of the tiny model")
+    hidden_size: int = help_field(128, "model width")
+    num_layers: int = help_field(2, "decoder layers")
+    num_heads: int = help_field(4, "attention heads")
+    num_kv_heads: int = help_field(2, "key/value heads (grouped-query attention)")
+    intermediate_size: int = help_field(256, "MLP width")
+    max_positions: int = help_field(256, "longest prompt + response the model supports")
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"):
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
+              f"must be a multiple of num_heads ({self.num_heads})")
+        check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
+              f"must divide num_heads ({self.num_heads})")
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,20 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = help_field(1.0, "softmax temperature; 0 means greedy")
+    top_p: float = help_field(1.0, "nucleus sampling: keep the smallest set of tokens with this much mass")
+    top_k: int = help_field(0, "keep only the k most likely tokens; 0 keeps all")
+    max_new_tokens: int = help_field(80, "longest response in tokens")
+
+    def __post_init__(self) -> None:
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 = greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = no top-k)")
+        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
+
+
+@dataclass(frozen=True)
 class AlgorithmConfig:
     name: Literal["grpo"] = help_field("grpo", "RL algorithm")
     prompts_per_step: int = help_field(16, "prompts per step")
@@ -85,7 +124,7 @@ class AlgorithmConfig:
     loss_agg: Literal["token", "sequence"] = help_field(
         "token", "token: mean over all response tokens of the step; sequence: mean per response, then over responses")
     scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = Dr.GRPO")
-    micro_batch_size: int = help_field(16, "samples per micro-batch (canonical order by sample id)")
+    micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
     sampling: SamplingConfig = help_factory(SamplingConfig, "rollout sampling")
@@ -106,16 +145,35 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
-class PipelineConfig:
-    mode: Literal["colocated", "sync", "async"] = help_field(
-        "sync", "colocated: one process, the semantic reference; sync: disaggregated, samples of step k use "
-                "weights k; async: samples of step k use weights k-1 exactly (one-step overlap)")
-    streaming: bool = help_field(True, "train on samples as they arrive (dynamic-batch pipelining, StreamRL "
-                                       "§4.1); false waits for the whole batch")
+class EngineConfig:
+    num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
+    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
+    batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
+                                              "co-batched requests (fixed decode shapes; slower)")
+    invariant_tile: int = help_field(16, "rows per fixed-shape decode tile in batch_invariant mode; engines "
+                                         "must share it (and max_context) to agree bit for bit. One forward "
+                                         "per tile with a live slot: set it to num_slots when every engine "
+                                         "has the same slots (fewest forwards)")
+    max_prefill_tokens: int = help_field(2048, "prompt tokens admitted per step at most (bounds a step's work)")
+    stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
+                                                   "(needs a tokenizer); the completing token is kept")
+    weight_bucket_mb: float = help_field(64.0, "load_weights stages at most this many MiB at a time")
+
+    def __post_init__(self) -> None:
+        check(self.num_slots >= 1, "num_slots", self.num_slots, "must be >= 1")
+        check(self.max_context >= 0, "max_context", self.max_context, "must be >= 0 (0 = model's maximum)")
+        check(self.invariant_tile >= 2, "invariant_tile", self.invariant_tile,
+              "must be >= 2 (a 1-row matmul takes a different kernel than a multi-row one)")
+        check(self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1")
+        check(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", self.stop_strings,
+              "must be non-empty strings")
+        check(self.weight_bucket_mb > 0, "weight_bucket_mb", self.weight_bucket_mb, "must be > 0")
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    """The Ray pool of a disaggregated job (a scenario's `cluster:` is poise.sim.scenario.SimClusterConfig)."""
+
     devices: int = help_field(4, "devices (one worker actor each) in the job's placement group")
     device: Literal["cpu", "cuda"] = help_field("cpu", "cpu: each device is a CPU worker with "
                                                        "threads_per_device threads; cuda: one GPU per device")
@@ -144,7 +202,8 @@ class EmulationConfig:
     """What `cluster.compute: emulated` replaces compute with (poise.runtime.emulated)."""
 
     scenario: str = help_field("streamrl-pipeline", "simulator scenario (built-in name or YAML path) whose workload "
-                                                    "(prompts, output lengths), cost model and dispatch policy apply")
+                                                    "(prompts, output lengths) and cost model apply; dispatch, "
+                                                    "pipeline and micro-batching are this config's")
     overrides: tuple[str, ...] = help_field((), "dotted overrides of the scenario, e.g. "
                                                 "['workload.prompts_per_step=16']")
     time_scale: float = help_field(0.1, "wall seconds slept per cost-model second (0.1: a modelled 60 s step "
@@ -152,20 +211,6 @@ class EmulationConfig:
 
     def __post_init__(self) -> None:
         check(self.time_scale > 0, "time_scale", self.time_scale, "must be > 0, e.g. 0.1")
-
-
-@dataclass(frozen=True)
-class DispatchConfig:
-    policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
-        "skew_aware", "which rollout instance gets which prompt (StreamRL §5.3 by default)")
-    ranker: Literal["history", "learned", "random"] = help_field(
-        "history", "output-length ranker for skew-aware and least-loaded dispatch")
-    long_tail_fraction: float = help_field(0.2, "predicted-longest fraction of prompts sent to tail instances")
-    tail_batch_cap: int = help_field(8, "live-batch cap of the long-tail instances")
-
-    def __post_init__(self) -> None:
-        check(0 < self.long_tail_fraction < 1, "long_tail_fraction", self.long_tail_fraction, "must be in (0, 1)")
-        check(self.tail_batch_cap >= 1, "tail_batch_cap", self.tail_batch_cap, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -187,6 +232,10 @@ class TrainConfig:
         if self.determinism == "bitwise" and not self.rollout.batch_invariant:
             # bitwise trajectories need batch-invariant decoding (DESIGN.md invariant 1)
             object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, batch_invariant=True))
+        # only a simulated or emulated workload knows its output lengths before generating them
+        check(self.dispatch.ranker != "oracle" or self.cluster.compute == "emulated", "dispatch.ranker", "oracle",
+              "needs the true output lengths, which only the simulator and cluster.compute=emulated have; "
+              "use history or learned")
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
@@ -198,5 +247,6 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
     return load(TrainConfig, path, overrides)
 
 
-__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "DataConfig", "AlgorithmConfig", "PipelineConfig",
-           "ClusterConfig", "EmulationConfig", "SFTConfig", "load_train_config", "ConfigError"]
+__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",
+           "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig", "DispatchConfig",
+           "SFTConfig", "load_train_config", "ConfigError"]

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_KINDS = ("interval", "sample", "step", "decision", "resize")
+EVENT_KINDS = ("interval", "sample", "step", "decision", "resize", "sync")  # sync: run.verify_sync digests
 
 
 def _clean(value: Any) -> Any:

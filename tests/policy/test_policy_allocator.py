@@ -51,11 +51,14 @@ def test_predict_step_rejects_partial_instances():
 
 
 def test_pipeline_rules():
-    from poise.policy.pipeline import micro_batch_of, weights_version
+    from poise.policy.pipeline import PipelineConfig, pipeline_kind, weights_version
 
     assert [weights_version(k, "sync") for k in range(3)] == [0, 1, 2]
     assert [weights_version(k, "async") for k in range(3)] == [0, 0, 1]
     with pytest.raises(ConfigError):
         weights_version(1, "lazy")
-    assert [micro_batch_of(p, 8, 4) for p in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert [micro_batch_of(p, 3, 8) for p in range(3)] == [0, 2, 5]
+    assert [pipeline_kind(m, s) for m in ("colocated", "sync", "async") for s in (False, True)] == \
+        ["sync", "sync", "sync", "stream", "async", "async"]
+    assert all(PipelineConfig.of_kind(k).kind == k for k in ("sync", "stream", "async"))
+    with pytest.raises(ConfigError, match="pipeline.mode"):
+        pipeline_kind("batch", True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from poise.errors import ConfigError, PoiseError
-from poise.policy.cost import CostConfig, CostModel, instance_finish_times, predict_rollout_s
+from poise.policy.cost import CostConfig, CostModel, ContinuousBatch, instance_finish_times, predict_rollout_s
 
 
 def linear(**kw):
@@ -20,6 +20,8 @@ def test_decode_and_train_by_hand():
     # segment of 3 steps, batch 2, contexts summing to 20 at the first step: 21 mean, +1, +2
     expect = sum(0.01 + 0.002 + 1e-6 * (20 + 2 * i) for i in range(3))
     assert c.decode_segment_s(2, 20, 3) == pytest.approx(expect)
+    # the closed form is the sum of its steps, whatever the batch and length
+    assert c.decode_segment_s(5, 321, 40) == pytest.approx(sum(c.decode_step_s(5, 321 / 5 + i) for i in range(40)))
     assert c.train_s(1000, 1) == pytest.approx(2.0 + 1.0)
     assert c.train_s(1000, 4) == pytest.approx(0.5 + 1.0 + 0.5)
     assert c.sync_s() == pytest.approx(0.1 + 2.0)
@@ -81,18 +83,18 @@ def test_bad_cost_values_are_config_errors():
         CostConfig(sync_bandwidth=0.0)
 
 
-def test_linear_fast_path_matches_the_general_path():
-    import random
-
-    c = CostModel(CostConfig(decode_per_kv_token_s=3e-8, prefill_per_token_s=5e-5))
-    general = CostModel(c.cfg)
-    general._decode_grid = [(0.0, None)]  # force the general path; decode_step_s is patched below
-    general.decode_step_s = c.decode_step_s  # type: ignore[method-assign]
-    general.prefill_s = c.prefill_s  # type: ignore[method-assign]
-    general._prefill = object()
-    rng = random.Random(0)
-    lengths = [rng.randint(1, 900) for _ in range(150)]
-    prompts = [rng.randint(0, 400) for _ in range(150)]
-    fast = instance_finish_times(c, lengths, prompts, 16, 3.0)
-    slow = instance_finish_times(general, lengths, prompts, 16, 3.0)
-    assert fast == pytest.approx(slow, rel=1e-12)
+def test_continuous_batch_steps_one_finish_at_a_time_by_hand():
+    c = linear(decode_per_kv_token_s=1e-3, prefill_per_token_s=1e-3)
+    batch = ContinuousBatch(c, 2)
+    assert batch.admit("a", 10, 3) == pytest.approx(0.01)  # prefill: 10 tokens
+    assert batch.admit("b", 0, 1) == 0.0
+    assert batch.free == 0
+    with pytest.raises(RuntimeError, match="slots"):
+        batch.admit("c", 0, 1)
+    # one step at batch 2, contexts 10 + 0: 0.01 + 0.002 + 1e-3 * 10; b finishes
+    assert batch.advance() == (pytest.approx(0.022), ["b"])
+    # c arrives late (the emulated engine admits as requests come): contexts a 11, c 5
+    batch.admit("c", 5, 2)
+    # two steps at batch 2: contexts 16 then 18; a and c finish together, in admission order
+    assert batch.advance() == (pytest.approx(2 * 0.012 + 1e-3 * (16 + 18)), ["a", "c"])
+    assert batch.advance() == (0.0, []) and batch.live == 0

@@ -10,8 +10,9 @@ import torch
 
 from poise.data.tokenizer import CharTokenizer
 from poise.errors import PoiseError
-from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, Request, RequestError, WeightsError
+from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
 from poise.rollout.sampling import SamplingConfig
+from poise.types import Request
 
 VOCAB = 60  # tests/rollout/conftest.py builds the tiny models with the char tokenizer's vocabulary
 

@@ -9,11 +9,11 @@ import pytest
 from poise.config import load_train_config
 from poise.errors import PoiseError
 from poise.policy.cost import CostConfig, CostModel, instance_finish_times
-from poise.rollout.engine import Request
 from poise.runtime.driver import train_disaggregated
 from poise.runtime.emulated import EmulatedEngine, Emulation
 from poise.sim.scenario import load_scenario
 from poise.sim.workload import make_workload
+from poise.types import Request
 
 SMALL = [
     "run.progress=false",

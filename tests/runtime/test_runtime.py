@@ -1,76 +1,143 @@
-"""The disaggregated runtime reproduces the colocated reference exactly, and fails loudly."""
+"""The disaggregated runtime reproduces the colocated reference exactly, and fails loudly.
 
-import hashlib
-import json
+Every run starts from the session's SFT warm start, so rewards differ within groups, every step
+has a non-zero gradient and moves the weights (asserted before anything is compared); runs are
+compared by every sample's tokens, logprobs and weights version, and by the bytes of the model
+and optimizer checkpoints after every step. Each distinct run is made once per module (`runs`).
+"""
+
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from poise.config import load_train_config
+from poise.data.tasks import TaskSource
 from poise.errors import ConfigError, PoiseError
 from poise.policy.dispatch import DispatchPlan, RoundRobinDispatcher
 from poise.runtime.driver import train_disaggregated
-from poise.runtime.trainer_group import SampleSetError
 from poise.train.colocated import train_colocated
 
 pytestmark = pytest.mark.ray
 
+STEPS = 3
+PROMPTS, GROUP = 4, 4
 TINY = [
     "run.progress=false",
     "run.log_tokens=true",
-    "run.steps=3",
-    "algorithm.prompts_per_step=4",
-    "algorithm.group_size=4",
+    f"run.steps={STEPS}",
+    "run.checkpoint_every=1",  # a checkpoint per step: weights must move, and match, at every one
+    f"algorithm.prompts_per_step={PROMPTS}",
+    f"algorithm.group_size={GROUP}",
     "algorithm.micro_batch_size=3",  # 16 samples -> 6 uneven micro-batches
     "algorithm.sampling.max_new_tokens=12",
-    "model.tiny.hidden_size=32",
-    "model.tiny.intermediate_size=64",
-    "model.tiny.max_positions=96",
     "rollout.num_slots=8",
     "cluster.devices=4",
 ]
+RUNTIME = ["run.verify_sync=true"]  # every rollout device's weights digest checked after each sync
+# Each split sums a different set of aligned tree nodes, so a wrong reduction order shows in some
+# splits only: summing the gathered nodes left to right equals the tree order for 1+3 and 3+1 with
+# 6 micro-batches, but not for 2+2 (checked by breaking train/reduce.py on purpose).
+SPLITS = [(1, 3), (2, 2), (3, 1)]
 
 
 def _cfg(run_dir, *extra):
     return load_train_config(None, [*TINY, f"run.dir={run_dir}", *extra])
 
 
-def _tokens(run_dir: Path) -> dict:
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    return {tuple(e["id"]): (e["tokens"], e["weights_version"]) for e in events if e["kind"] == "sample"}
+class Runs:
+    """Each distinct run of the module, made once (a Ray run costs seconds here) and shared."""
 
+    def __init__(self, root, warm_start, read_run):
+        self.root, self.warm, self.read = root, warm_start, read_run
+        self._done: dict = {}
 
-def _final(run_dir: Path, steps: int = 3) -> dict:
-    ckpt = run_dir / "checkpoints" / f"step_{steps:06d}"
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(ckpt.iterdir())
-            if p.name in ("model.safetensors", "optimizer.safetensors")}
+    def _run(self, key, train, *extra):
+        if key not in self._done:
+            run_dir = self.root / "-".join(map(str, key))
+            try:
+                train(_cfg(run_dir, *self.warm.overrides, *extra))
+                self._done[key] = self.read(run_dir)
+            except Exception as e:  # every test that needs this run reports the same failure
+                self._done[key] = e
+        if isinstance(self._done[key], Exception):
+            raise self._done[key]
+        return self._done[key]
+
+    def colocated(self):
+        return self._run(("colocated",), train_colocated, "pipeline.mode=colocated")
+
+    def disaggregated(self, mode: str, split: tuple[int, int]):
+        return self._run((mode, *split), train_disaggregated, *RUNTIME, f"pipeline.mode={mode}",
+                         f"cluster.split=[{split[0]},{split[1]}]")
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("colocated")
-    train_colocated(_cfg(run_dir, "pipeline.mode=colocated"))
-    return _tokens(run_dir), _final(run_dir)
+def runs(tmp_path_factory, warm_start, read_run):
+    return Runs(tmp_path_factory.mktemp("runs"), warm_start, read_run)
 
 
-@pytest.mark.parametrize("split", [[1, 3], [2, 2], [3, 1]])
-def test_sync_bitwise_equals_colocated_for_every_split(ray_session, tmp_path, reference, split):
-    tokens, final = reference
-    train_disaggregated(_cfg(tmp_path, "pipeline.mode=sync", f"cluster.split={split}"))
-    got = _tokens(tmp_path)
-    assert set(got) == set(tokens)
-    assert got == tokens  # every sample's token ids, and the weights version it was made under
-    assert _final(tmp_path) == final  # final weights and optimizer state, byte for byte
+@pytest.fixture(scope="module")
+def reference(runs, warm_start):
+    """The colocated loop: the semantic reference of every split, which must itself learn."""
+    ref = runs.colocated()
+    ref.assert_learned(warm_start)
+    assert len(ref.samples) == STEPS * PROMPTS * GROUP
+    assert {v for _, _, v in ref.samples.values()} == set(range(STEPS))  # sync: step k uses version k
+    return ref
 
 
-def test_async_samples_carry_weights_version_k_minus_1(ray_session, tmp_path):
-    train_disaggregated(_cfg(tmp_path, "pipeline.mode=async", "cluster.split=[2,2]", "run.steps=4"))
-    versions = {sid: v for sid, (_, v) in _tokens(tmp_path).items()}
-    assert len(versions) == 4 * 16
-    for (step, _, _), version in versions.items():
-        assert version == max(0, step - 1), (step, version)
+def _assert_syncs(record, split) -> None:
+    """One verified sync per step, publishing version k + 1 after step k to every rollout device;
+    the rollout devices see new weights every step."""
+    assert [(e["step"], e["version"]) for e in record.syncs] == [(k, k + 1) for k in range(STEPS)], record.syncs
+    for e in record.syncs:
+        assert len(set(e["devices"])) >= split[0], e  # every rollout device was checked
+    digests = [e["digest"] for e in record.syncs]
+    assert len(set(digests)) == STEPS, digests
+
+
+def _sync_digests(record) -> dict[int, str]:
+    return {e["step"]: e["digest"] for e in record.syncs}
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"{s[0]}+{s[1]}")
+def test_sync_bitwise_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split):
+    got = runs.disaggregated("sync", split)
+    got.assert_learned(warm_start)
+    _assert_syncs(got, split)
+    got.assert_bitwise_equal(reference, f"sync {split} vs colocated")
+
+
+def test_sync_weight_digests_agree_across_splits(ray_session, runs):
+    digests = [_sync_digests(runs.disaggregated("sync", split)) for split in SPLITS]
+    assert digests[0] == digests[1] == digests[2]
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"{s[0]}+{s[1]}")
+def test_async_samples_carry_weights_version_k_minus_1(ray_session, runs, reference, warm_start, split):
+    got = runs.disaggregated("async", split)
+    got.assert_learned(warm_start)
+    _assert_syncs(got, split)
+    assert len(got.samples) == STEPS * PROMPTS * GROUP
+    for (step, p, g), (tokens, logprobs, version) in got.samples.items():
+        assert version == max(0, step - 1), ((step, p, g), version)
+        ref_tokens, ref_logprobs, _ = reference.samples[(step, p, g)]
+        if step == 0:  # the same prompts under the same initial weights: the sync run's samples
+            assert (tokens, logprobs) == (ref_tokens, ref_logprobs), (step, p, g)
+    # from step 1 on they were made under older weights than sync's, and it shows
+    later = [sid for sid in got.samples if sid[0] >= 1]
+    assert any(got.samples[sid][1] != reference.samples[sid][1] for sid in later)
+
+
+@pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
+def test_async_bitwise_identical_across_splits(ray_session, runs, warm_start, split):
+    base = runs.disaggregated("async", (2, 2))
+    got = runs.disaggregated("async", split)
+    base.assert_learned(warm_start)
+    got.assert_learned(warm_start)
+    got.assert_bitwise_equal(base, f"async {split} vs async (2, 2)")
+    assert _sync_digests(got) == _sync_digests(base)
 
 
 class _Reversed(RoundRobinDispatcher):
@@ -89,16 +156,35 @@ class _Lossy(RoundRobinDispatcher):
         return DispatchPlan(order=plan.order[:-1], batch_caps=plan.batch_caps)
 
 
-def test_reordering_dispatcher_changes_nothing(ray_session, tmp_path, reference):
-    tokens, final = reference
-    train_disaggregated(_cfg(tmp_path, "pipeline.mode=sync", "cluster.split=[2,2]"), dispatcher=_Reversed())
-    assert _tokens(tmp_path) == tokens
-    assert _final(tmp_path) == final
+class _CrashAtStep(RoundRobinDispatcher):
+    """Raises when asked to dispatch the prompts of `step` (a crash after the previous checkpoint)."""
+
+    def __init__(self, cfg, step: int):
+        super().__init__()
+        source = TaskSource(cfg.run.seed, cfg.data.phases, cfg.data.pool_size)  # the run's own prompts
+        problems = source.prompts_for_step(step, cfg.algorithm.prompts_per_step)
+        self.crash_on = [p.uid for p in problems]
+
+    def plan(self, prompts, instances):
+        if [p.prompt_id for p in prompts] == self.crash_on:
+            raise RuntimeError("simulated crash")
+        return super().plan(prompts, instances)
 
 
-def test_dropping_dispatcher_fails_loudly(ray_session, tmp_path):
-    with pytest.raises(SampleSetError, match=r"step 0: 4 of 16 samples never arrived \(\(0, 3, 0\)"):
-        train_disaggregated(_cfg(tmp_path, "pipeline.mode=sync", "cluster.split=[2,2]"), dispatcher=_Lossy())
+def test_reordering_dispatcher_changes_nothing(ray_session, tmp_path, reference, warm_start, read_run):
+    train_disaggregated(_cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync", "cluster.split=[2,2]"),
+                        dispatcher=_Reversed())
+    got = read_run(tmp_path)
+    got.assert_learned(warm_start)
+    _assert_syncs(got, (2, 2))
+    got.assert_bitwise_equal(reference, "reversed dispatch vs colocated")
+
+
+def test_dropping_dispatcher_fails_loudly(ray_session, tmp_path, warm_start):
+    # two devices: half the start-up of four, and the loss is the same
+    with pytest.raises(PoiseError, match=r"step 0: 4 of 16 samples never arrived \(\(0, 3, 0\)"):
+        train_disaggregated(_cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync",
+                                 "cluster.devices=2", "cluster.split=[1,1]"), dispatcher=_Lossy())
 
 
 def test_more_devices_than_the_cluster_has(ray_session, tmp_path):
@@ -124,26 +210,16 @@ def test_split_with_zero_train_devices(tmp_path):
         _cfg(tmp_path, "cluster.split=[4,0]")
 
 
-def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, reference, monkeypatch):
-    from poise.runtime import driver
-
-    tokens, final = reference
-    original = driver.Driver.log_step
-
-    def crash_in_step_2(self, log, step, *args):
-        if step == 2:
-            raise RuntimeError("simulated crash")
-        return original(self, log, step, *args)
-
-    cfg = _cfg(tmp_path, "pipeline.mode=sync", "cluster.split=[2,2]", "run.checkpoint_every=1")
-    monkeypatch.setattr(driver.Driver, "log_step", crash_in_step_2)
+def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, reference, warm_start, read_run):
+    cfg = _cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync", "cluster.split=[2,2]")
     with pytest.raises(RuntimeError, match="simulated crash"):
-        train_disaggregated(cfg)
-    monkeypatch.setattr(driver.Driver, "log_step", original)
+        train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
     assert (tmp_path / "checkpoints/latest").read_text().strip() == "step_000002"
-    train_disaggregated(cfg, resume=True)
-    assert _final(tmp_path) == final
-    assert _tokens(tmp_path) == tokens  # steps 0-1 from the first run, step 2 from the resumed one
+    train_disaggregated(cfg, resume=True)  # the default dispatcher: dispatch must not matter either
+    got = read_run(tmp_path)  # steps 0-1 from the first run, step 2 from the resumed one
+    got.assert_learned(warm_start)
+    _assert_syncs(got, (2, 2))
+    got.assert_bitwise_equal(reference, "crashed and resumed vs colocated")
 
 
 def test_async_resume_is_refused_before_any_work(tmp_path):

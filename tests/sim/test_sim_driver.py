@@ -9,15 +9,18 @@ from poise.runlog import read_jsonl
 from poise.schema import build
 from poise.sim import ScenarioConfig, load_scenario, simulate
 from poise.sim.driver import Simulation
+from poise.sim.scenario import pipeline_overrides
 
 COST = dict(decode_base_s=0.01, decode_per_seq_s=0.001, decode_per_kv_token_s=0.0,
             prefill_per_token_s=0.0, train_per_token_s=0.001, train_fixed_s=1.0,
             train_allreduce_s=0.0, weight_bytes=1.0, sync_bandwidth=1.0, sync_latency_s=0.0)
 
 
-def tiny(mode: str, **kw) -> ScenarioConfig:
-    data = {"steps": 6, "mode": mode, "split": [1, 1], "seed": 3,
-            "cluster": {"devices": 2, "batch_cap": 8, "micro_batches": 2},
+def tiny(kind: str, **kw) -> ScenarioConfig:
+    mode = "async" if kind == "async" else "sync"
+    data = {"steps": 6, "pipeline": {"mode": mode, "streaming": kind == "stream"}, "split": [1, 1], "seed": 3,
+            "cluster": {"devices": 2, "batch_cap": 8, "micro_batch_size": 4},
+            "dispatch": {"policy": "round_robin"},
             "cost": COST,
             "workload": {"prompts_per_step": 4, "samples_per_prompt": 2, "pool_size": 8,
                          "sample_sigma": 0.0,
@@ -99,7 +102,7 @@ def test_live_resize_is_cheaper_than_hard():
 
 @pytest.mark.parametrize("mode", ["sync", "stream", "async"])
 def test_resizes_lose_no_sample_and_keep_staleness(tmp_path, mode):
-    sim = Simulation(load_scenario("dynaresize-8xh20", ["steps=34", f"mode={mode}", "log.intervals=none",
+    sim = Simulation(load_scenario("dynaresize-8xh20", ["steps=34", *pipeline_overrides(mode), "log.intervals=none",
                                                        "controller.consecutive=1"]), tmp_path)
     s = sim.run()
     assert s.resizes, "the phase change at step 20 should trigger a resize in every mode"

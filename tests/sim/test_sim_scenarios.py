@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from poise.schema import apply_overrides, build
 from poise.sim import ScenarioConfig, load_scenario, simulate
-from poise.sim.scenario import scenario_data
+from poise.sim.scenario import pipeline_overrides, scenario_data
 
 QUIET = ["log.samples=false", "log.intervals=none"]
 
@@ -39,7 +39,7 @@ def test_hysteresis_prevents_thrashing_on_alternating_short_phases():
 
 
 def test_streamrl_pipelines():
-    sync, stream, asyn = (simulate(load_scenario("streamrl-pipeline", QUIET + [f"mode={m}"]))
+    sync, stream, asyn = (simulate(load_scenario("streamrl-pipeline", QUIET + pipeline_overrides(m)))
                           for m in ("sync", "stream", "async"))
     assert stream.tokens_per_s >= 1.05 * sync.tokens_per_s
     assert asyn.tokens_per_s >= 1.25 * sync.tokens_per_s

@@ -1,7 +1,11 @@
-"""The colocated reference loop: determinism, exact resume, and that it learns."""
+"""The colocated reference loop: determinism, exact resume, and its run-log format.
+
+Every run starts from the session's SFT warm start, so each step has rewards that differ within
+groups, a non-zero gradient and new weights (asserted): a byte-identical checkpoint means the same
+training, not the same untouched initial weights.
+"""
 
 import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -10,16 +14,16 @@ from poise.config import load_train_config
 from poise.train import colocated
 from poise.train.colocated import train_colocated
 
+STEPS = 4
 FAST = [
     "pipeline.mode=colocated",
     "run.progress=false",
+    "run.log_tokens=true",
     "algorithm.prompts_per_step=4",
     "algorithm.group_size=4",
     "algorithm.micro_batch_size=3",  # uneven micro-batches exercise the tree reduction
     "algorithm.sampling.max_new_tokens=12",
-    "model.tiny.hidden_size=32",
-    "model.tiny.intermediate_size=64",
-    "model.tiny.max_positions=96",
+    "rollout.num_slots=8",
 ]
 
 
@@ -27,26 +31,35 @@ def _digest(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
 
 
-def _cfg(run_dir, *extra):
-    return load_train_config(None, [*FAST, f"run.dir={run_dir}", *extra])
+def _cfg(run_dir, warm_start, *extra):
+    return load_train_config(None, [*FAST, *warm_start.overrides, f"run.dir={run_dir}", *extra])
 
 
-def test_same_seed_gives_byte_identical_checkpoints(tmp_path):
-    train_colocated(_cfg(tmp_path / "a", "run.steps=3"))
-    train_colocated(_cfg(tmp_path / "b", "run.steps=3"))
-    a = _digest(tmp_path / "a/checkpoints/step_000003")
-    b = _digest(tmp_path / "b/checkpoints/step_000003")
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, warm_start, read_run):
+    run_dir = tmp_path_factory.mktemp("colocated") / "reference"
+    train_colocated(_cfg(run_dir, warm_start, f"run.steps={STEPS}", "run.checkpoint_every=1"))
+    ref = read_run(run_dir)
+    ref.assert_learned(warm_start)
+    return ref
+
+
+def test_same_seed_gives_byte_identical_checkpoints(tmp_path, reference, warm_start, read_run):
+    train_colocated(_cfg(tmp_path / "b", warm_start, f"run.steps={STEPS}", "run.checkpoint_every=1"))
+    again = read_run(tmp_path / "b")
+    again.assert_learned(warm_start)
+    again.assert_bitwise_equal(reference, "same seed")
+    a, b = _digest(reference.checkpoint(STEPS)), _digest(again.checkpoint(STEPS))
     assert {"config.json", "model.safetensors", "optimizer.safetensors", "state.json"} <= set(a)
     assert a == b
     # and the seed matters, so this comparison could fail
-    train_colocated(_cfg(tmp_path / "c", "run.steps=3", "run.seed=1"))
-    assert _digest(tmp_path / "c/checkpoints/step_000003")["model.safetensors"] != a["model.safetensors"]
+    train_colocated(_cfg(tmp_path / "c", warm_start, "run.steps=2", "run.seed=1"))
+    other = read_run(tmp_path / "c")
+    other.assert_learned(warm_start)
+    assert other.digest(2, "model.safetensors") != reference.digest(2, "model.safetensors")
 
 
-def test_resume_after_a_crash_ends_byte_identical(tmp_path, monkeypatch):
-    steps = ["run.steps=4", "run.checkpoint_every=2"]
-    train_colocated(_cfg(tmp_path / "full", *steps))
-
+def test_resume_after_a_crash_ends_byte_identical(tmp_path, monkeypatch, reference, warm_start, read_run):
     original = colocated.ColocatedLoop.run_step
 
     def crash_in_step_3(self, step, log):
@@ -55,29 +68,33 @@ def test_resume_after_a_crash_ends_byte_identical(tmp_path, monkeypatch):
         return original(self, step, log)
 
     monkeypatch.setattr(colocated.ColocatedLoop, "run_step", crash_in_step_3)
-    cfg = _cfg(tmp_path / "resumed", *steps)
+    # a checkpoint every 2 steps: step 2 ran before the crash and runs again after the resume
+    cfg = _cfg(tmp_path / "resumed", warm_start, f"run.steps={STEPS}", "run.checkpoint_every=2")
     with pytest.raises(RuntimeError, match="simulated crash"):
         train_colocated(cfg)
     monkeypatch.setattr(colocated.ColocatedLoop, "run_step", original)
     assert (tmp_path / "resumed/checkpoints/latest").read_text().strip() == "step_000002"
     train_colocated(cfg, resume=True)
 
-    assert _digest(tmp_path / "resumed/checkpoints/step_000004") == _digest(tmp_path / "full/checkpoints/step_000004")
-    full_rows = [json.loads(x) for x in (tmp_path / "full/metrics.jsonl").read_text().splitlines()]
-    resumed_rows = [json.loads(x) for x in (tmp_path / "resumed/metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in resumed_rows] == [0, 1, 2, 3]
-    assert [r["reward_mean"] for r in resumed_rows] == [r["reward_mean"] for r in full_rows]
+    resumed = read_run(tmp_path / "resumed")  # a replayed step's samples must equal its first run's
+    resumed.assert_learned(warm_start)
+    resumed.assert_bitwise_equal(reference, "crashed and resumed vs uninterrupted")
+    assert _digest(resumed.checkpoint(STEPS)) == _digest(reference.checkpoint(STEPS))
+    assert [r["step"] for r in resumed.rows] == list(range(STEPS))
+    for key in ("reward_mean", "grad_norm", "loss"):
+        assert [r[key] for r in resumed.rows] == [r[key] for r in reference.rows], key
 
 
-def test_metrics_and_events_follow_the_run_log_format(tmp_path):
-    train_colocated(_cfg(tmp_path / "r", "run.steps=2"))
-    rows = [json.loads(x) for x in (tmp_path / "r/metrics.jsonl").read_text().splitlines()]
+def test_metrics_and_events_follow_the_run_log_format(reference):
+    rows = reference.rows
     for key in ("step", "reward_mean", "response_len_mean", "response_len_p50", "response_len_p99",
-                "response_len_max", "step_s", "phases", "tokens_per_s"):
+                "response_len_max", "step_s", "phases", "tokens_per_s", "grad_norm", "loss"):
         assert key in rows[0]
-    assert [r["weights_version"] for r in rows] == [0, 1]  # sync: samples of step k use version k
-    events = [json.loads(x) for x in (tmp_path / "r/events.jsonl").read_text().splitlines()]
-    kinds = {e["kind"] for e in events}
+    assert [r["weights_version"] for r in rows] == list(range(STEPS))  # sync: samples of step k use version k
+    kinds = {e["kind"] for e in reference.events}
     assert {"interval", "sample", "step"} <= kinds
-    samples = [e for e in events if e["kind"] == "sample"]
-    assert sorted(tuple(e["id"]) for e in samples) == [(s, p, g) for s in range(2) for p in range(4) for g in range(4)]
+    assert sorted(reference.samples) == [(s, p, g) for s in range(STEPS) for p in range(4) for g in range(4)]
+    for e in reference.events:
+        if e["kind"] == "sample":
+            assert len(e["tokens"]) == len(e["logprobs"]) == e["output_length"] >= 1, e
+            assert all(isinstance(x, float) and x <= 0 for x in e["logprobs"]), e

@@ -21,7 +21,7 @@ from poise.sim.driver import Simulation, make_cost
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="scenario name or YAML whose workload, cluster and cost to plan for")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. mode=async cluster.devices=16")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pipeline.mode=async cluster.devices=16")
     parser.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's, at most 200)")
     parser.add_argument("--max-splits", type=int, default=16, help="simulate at most this many static splits "
                         "(the allocator's best ones)")
@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
     works = [StepWorkload(tuple(s.output_length for s in sim.workload.step(k)), sim.prompt_len)
              for k in range(min(4, steps))]
     # Every split is a static candidate (resize.allowed_splits only limits the controller).
-    alloc = allocate(cost, works, c.devices, sc.mode, c.devices_per_instance, c.batch_caps or (c.batch_cap,),
-                     None, c.micro_batches)
-    print(f"plan for {base.name}: {c.devices} devices, mode {sc.mode}, {steps} steps")
+    alloc = allocate(cost, works, c.devices, sc.kind, c.devices_per_instance, c.batch_caps or (c.batch_cap,),
+                     None, sim.micro_batches)
+    print(f"plan for {base.name}: {c.devices} devices, mode {sc.kind}, {steps} steps")
     print(f"allocator (first steps): split {alloc.split}, batch cap {alloc.batch_cap}, "
           f"predicted {alloc.predicted.step_s:.1f} s/step "
           f"(rollout {alloc.predicted.rollout_s:.1f}, train {alloc.predicted.train_s:.1f})")

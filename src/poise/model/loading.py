@@ -6,35 +6,12 @@ match any Qwen2/Llama checkpoint and weights move between trainer and rollout by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
+from poise.config import TinyModelConfig  # torch-free; stays importable from here
 from poise.errors import PoiseError
-from poise.schema import check, help_field
-
-
-@dataclass(frozen=True)
-class TinyModelConfig:
-    """A small decoder that trains on a 2-core CPU in minutes."""
-
-    arch: Literal["qwen2", "llama"] = help_field("qwen2", "transformers architecture of the tiny model")
-    hidden_size: int = help_field(128, "model width")
-    num_layers: int = help_field(2, "decoder layers")
-    num_heads: int = help_field(4, "attention heads")
-    num_kv_heads: int = help_field(2, "key/value heads (grouped-query attention)")
-    intermediate_size: int = help_field(256, "MLP width")
-    max_positions: int = help_field(256, "longest prompt + response the model supports")
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "max_positions"):
-            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        check(self.hidden_size % self.num_heads == 0, "hidden_size", self.hidden_size,
-              f"must be a multiple of num_heads ({self.num_heads})")
-        check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
-              f"must divide num_heads ({self.num_heads})")
 
 
 def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, bos_id: int):

@@ -23,7 +23,7 @@ from typing import Literal, Sequence
 
 from poise.errors import ConfigError
 from poise.policy.cost import CostModel, instance_finish_times
-from poise.policy.pipeline import PIPELINE_MODES
+from poise.policy.pipeline import PIPELINE_KINDS
 from poise.policy.split import Split, all_splits
 
 PipelineMode = Literal["sync", "stream", "async"]
@@ -68,7 +68,7 @@ def compose_step(mode: str, rollout_s: float, train_s: float, sync_s: float,
         return max(rollout_s + tail, train_s) + sync_s
     if mode == "async":
         return max(rollout_s, train_s, (rollout_s + train_s + sync_s) / 2.0)
-    raise ConfigError("mode", mode, f"allowed: {', '.join(PIPELINE_MODES)}")
+    raise ConfigError("pipeline kind", mode, f"allowed: {', '.join(PIPELINE_KINDS)}")
 
 
 def predict_step(cost: CostModel, work: StepWorkload, split: Split, mode: str,

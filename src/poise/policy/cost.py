@@ -19,9 +19,10 @@ all price work the same way. Two sources, one interface:
     cost.sync_s(nbytes=None)              trainer -> rollout weight broadcast (default: whole model)
     cost.resize(mode)                     ResizeCost: phases on the critical path and behind it
 
-`instance_finish_times` is the continuous-batching kernel (Orca-style iteration-level batching:
-a finished sequence's slot is refilled at the next step) shared by the estimators here and the
-simulator's emulated rollout instances. Pure Python: no torch, no clock, no global random.
+`ContinuousBatch` is the continuous-batching kernel (Orca-style iteration-level batching: a
+finished sequence's slot is refilled at the next step); `instance_finish_times` runs it over a
+queue. The estimators here, the dispatcher, the simulator's rollout instances and the emulated
+engine all price generation through it. Pure Python: no torch, no clock, no global random.
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ class CostModel:
         segment is its midpoint), midpoint-interpolated for a profile table."""
         if steps <= 0 or batch <= 0:
             return 0.0
+        if self._decode_grid is None:  # decode_step_s's linear model summed in closed form (the hot path)
+            c = self.cfg
+            return steps * (c.decode_base_s + c.decode_per_seq_s * batch
+                            + c.decode_per_kv_token_s * (ctx_sum + batch * (steps - 1) / 2.0))
         mean_ctx = ctx_sum / batch + (steps - 1) / 2.0
         return steps * self.decode_step_s(batch, mean_ctx)
 
@@ -229,88 +234,98 @@ class CostModel:
         raise ConfigError("resize.mode", mode, "allowed: 'live', 'hard'")
 
 
+class ContinuousBatch:
+    """One rollout instance's continuous batching (Orca-style iteration-level batching), one
+    finish at a time: the only statement of its timing rule. The estimators here, the dispatcher,
+    the simulator's instances (`instance_finish_times`) and the emulated engine (which sleeps
+    what it returns) all step it.
+
+        batch = ContinuousBatch(cost, cap)
+        seconds = batch.admit(key, prompt_len, length)   # the prefill; needs batch.free > 0
+        seconds, done = batch.advance()                  # decode up to the next finish
+
+    Every live sequence gains a token per decode step; between two finishes the batch is
+    constant, so the decode of that segment is priced in one call (`decode_segment_s`). `done`
+    lists the keys that finished, in admission order; their slots are free for the next admit.
+    """
+
+    def __init__(self, cost: CostModel, cap: int):
+        if cap < 1:
+            raise ConfigError("batch_cap", cap, "must be >= 1 slot")
+        self.cap = cap
+        self._prefill, self._segment = cost.prefill_s, cost.decode_segment_s
+        self._step = 0  # decode steps taken so far
+        self._live: list[tuple[int, int, int, Any]] = []  # heap: (finish step, admission no, ctx base, key)
+        self._ctx_base = 0  # sum over live of (prompt_len - admission step): context sum = base + live * step
+        self._admitted = 0
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    @property
+    def free(self) -> int:
+        return self.cap - len(self._live)
+
+    def admit(self, key: Any, prompt_len: int, length: int) -> float:
+        """Start `key` (a `prompt_len`-token prompt that will generate `length` tokens, at least 1);
+        returns its prefill seconds."""
+        if len(self._live) >= self.cap:
+            raise RuntimeError(f"continuous batch: all {self.cap} slots are live; advance before admitting")
+        base = prompt_len - self._step
+        heapq.heappush(self._live, (self._step + max(1, int(length)), self._admitted, base, key))
+        self._admitted += 1
+        self._ctx_base += base
+        return self._prefill(prompt_len)
+
+    def advance(self) -> tuple[float, list[Any]]:
+        """Decode until the next sequence finishes: (seconds, the keys that finished then)."""
+        if not self._live:
+            return 0.0, []
+        live, step = self._live, self._step
+        end = live[0][0]
+        b = len(live)
+        seconds = self._segment(b, self._ctx_base + b * step, end - step)
+        self._step = end
+        done = []
+        while live and live[0][0] == end:
+            _, _, base, key = heapq.heappop(live)
+            self._ctx_base -= base
+            done.append(key)
+        return seconds, done
+
+
 def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: Sequence[int],
                           batch_cap: int, start: float = 0.0,
                           admitted: list[float] | None = None) -> list[float]:
-    """Finish time of each request on one rollout instance with continuous batching.
+    """Finish time of each request on one rollout instance with continuous batching
+    (`ContinuousBatch`), every request queued at `start`.
 
     Requests are admitted in the given order whenever a slot is free (FIFO queue, at most
-    `batch_cap` live). Each admission costs its prefill; between two finishes the batch is
-    constant, so the decode time of that segment is priced in one call. Returns finish times in
-    the input order (and, if `admitted` is a list, fills in when each one's prefill began). Used
-    by the allocator's estimate and by the simulator's emulated engines.
+    `batch_cap` live); each admission costs its prefill. Returns finish times in the input order
+    (and, if `admitted` is a list, fills in when each one's prefill began). Used by the
+    allocator's estimate, the dispatcher's makespan and the simulator's rollout instances.
     """
     n = len(lengths)
     finish = [0.0] * n
     if n == 0:
         return finish
-    if batch_cap < 1:
-        raise ConfigError("batch_cap", batch_cap, "must be >= 1 slot")
-    if cost._decode_grid is None and cost._prefill is None:
-        return _finish_times_linear(cost.cfg, lengths, prompt_lens, batch_cap, start, admitted)
+    batch = ContinuousBatch(cost, batch_cap)
+    admit, advance = batch.admit, batch.advance  # the simulator's hot loop: no attribute lookups
     t = start
-    idx = 0  # decode steps taken so far on this instance
-    live: list[tuple[int, int]] = []  # (decode step at which it finishes, request)
-    ctx_base = 0  # sum over live of (prompt_len - admission step): context = ctx_base + b*idx
-    admit_step = [0] * n
-    nxt = 0
+    nxt = live = 0
     while nxt < n or live:
-        while nxt < n and len(live) < batch_cap:
-            length = max(1, int(lengths[nxt]))
+        while nxt < n and live < batch_cap:
             if admitted is not None:
                 admitted[nxt] = t
-            t += cost.prefill_s(prompt_lens[nxt])
-            heapq.heappush(live, (idx + length, nxt))
-            admit_step[nxt] = idx
-            ctx_base += prompt_lens[nxt] - idx
+            t += admit(nxt, prompt_lens[nxt], lengths[nxt])
             nxt += 1
-        f = live[0][0]
-        b = len(live)
-        t += cost.decode_segment_s(b, ctx_base + b * idx, f - idx)
-        idx = f
-        while live and live[0][0] == idx:
-            _, i = heapq.heappop(live)
+            live += 1
+        seconds, done = advance()
+        t += seconds
+        live -= len(done)
+        for i in done:
             finish[i] = t
-            ctx_base -= prompt_lens[i] - admit_step[i]
-    return finish
-
-
-def _finish_times_linear(c: CostConfig, lengths: Sequence[int], prompt_lens: Sequence[int],
-                         batch_cap: int, start: float, admitted: list[float] | None = None) -> list[float]:
-    """`instance_finish_times` for the hand-written linear model with the arithmetic inlined
-    (the simulator's hot loop); must give the same numbers as the general path (tested)."""
-    base, per_seq, per_kv, per_prefill = (c.decode_base_s, c.decode_per_seq_s,
-                                          c.decode_per_kv_token_s, c.prefill_per_token_s)
-    n = len(lengths)
-    finish = [0.0] * n
-    t = start
-    idx = 0
-    live: list[tuple[int, int]] = []
-    ctx_base = 0
-    admit_step = [0] * n
-    nxt = 0
-    push, pop = heapq.heappush, heapq.heappop
-    while nxt < n or live:
-        while nxt < n and len(live) < batch_cap:
-            length = int(lengths[nxt])
-            plen = prompt_lens[nxt]
-            if admitted is not None:
-                admitted[nxt] = t
-            t += per_prefill * plen
-            push(live, (idx + (length if length > 1 else 1), nxt))
-            admit_step[nxt] = idx
-            ctx_base += plen - idx
-            nxt += 1
-        f = live[0][0]
-        b = len(live)
-        steps = f - idx
-        # steps x (base + per_seq*b + per_kv*mean context sum), contexts growing b per step
-        t += steps * (base + per_seq * b + per_kv * (ctx_base + b * idx + b * (steps - 1) / 2.0))
-        idx = f
-        while live and live[0][0] == idx:
-            i = pop(live)[1]
-            finish[i] = t
-            ctx_base -= prompt_lens[i] - admit_step[i]
     return finish
 
 

@@ -1,10 +1,13 @@
-"""Dispatch: which rollout instance gets which request, in which order, under which batch cap.
+"""Dispatch: which rollout instance gets which prompt group, in which order, under which batch cap.
 
-Interface (the stream generation service of the runtime, the simulator):
+The unit is a prompt group: all G samples of a prompt go to one instance, one after another
+(GRPO needs whole groups, and they share the prompt's prefill). The runtime's stream generation
+service, the emulation and the simulator build the ranker and the dispatcher with one call:
 
-    plan = dispatcher.plan(prompts, instances)      # prompts: Sequence[rankers.Prompt]
-    for request_index, instance_id in plan.order:   # submit in this order
-        submit(request_index, instance_id)
+    ranker, dispatcher = build_dispatch(DispatchConfig(...), seed, cost, prompt_len, group_size)
+    plan = dispatcher.plan(prompts, instances)      # prompts: Sequence[rankers.Prompt], one per group
+    for prompt_index, instance_id in plan.order:    # submit in this order
+        for j in range(group_size): submit((step, prompt_index, j), instance_id)
     plan.batch_caps[instance_id]                    # live-batch cap each instance uses now
     plan.tail_instances                             # the instances reserved for the long tail
 
@@ -32,11 +35,34 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 from poise.errors import ConfigError
 from poise.policy.cost import CostModel, instance_finish_times
-from poise.policy.rankers import LengthRanker, Prompt
+from poise.policy.rankers import LengthRanker, Prompt, make_ranker
+from poise.policy.seeds import stable_seed
+from poise.schema import check, help_field
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """The `dispatch:` section of `poise train` and of scenarios."""
+
+    policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
+        "skew_aware", "which rollout instance gets which prompt group (StreamRL §5.3 by default)")
+    ranker: Literal["history", "learned", "random", "oracle"] = help_field(
+        "history", "output-length ranker for skew_aware and least_loaded; oracle knows the true lengths, so "
+                   "only the simulator and cluster.compute=emulated have it")
+    long_tail_fraction: float = help_field(0.2, "predicted-longest share of the prompts sent to long-tail instances")
+    tail_batch_cap: int = help_field(8, "live-batch cap of the long-tail instances")
+    tail_instances: int | None = help_field(None, "long-tail instances; null = chosen per step by predicted makespan")
+
+    def __post_init__(self) -> None:
+        check(0 < self.long_tail_fraction < 1, "long_tail_fraction", self.long_tail_fraction,
+              "must be between 0 and 1, e.g. 0.2")
+        check(self.tail_batch_cap >= 1, "tail_batch_cap", self.tail_batch_cap, "must be >= 1")
+        check(self.tail_instances is None or self.tail_instances >= 1, "tail_instances", self.tail_instances,
+              "must be >= 1 or null")
 
 
 @dataclass(frozen=True)
@@ -133,7 +159,7 @@ class SkewAwareDispatcher:
 
     def __init__(self, ranker: LengthRanker, cost: CostModel, prompt_len: int,
                  long_tail_fraction: float = 0.2, tail_batch_cap: int = 8,
-                 tail_instances: int | None = None):
+                 tail_instances: int | None = None, group_size: int = 1):
         if not 0.0 < long_tail_fraction < 1.0:
             raise ConfigError("dispatch.long_tail_fraction", long_tail_fraction,
                               "must be between 0 and 1 (StreamRL uses 0.2)")
@@ -141,14 +167,17 @@ class SkewAwareDispatcher:
             raise ConfigError("dispatch.tail_batch_cap", tail_batch_cap, "must be >= 1 slot")
         self.ranker, self.cost, self.prompt_len = ranker, cost, prompt_len
         self.fraction, self.tail_cap, self.tail_instances = long_tail_fraction, tail_batch_cap, tail_instances
+        self.group_size = group_size  # requests per prompt: an instance runs all of them
 
     def _makespan(self, pred: Sequence[float], plens: Sequence[int], groups: dict[int, list[int]],
                   cap: int) -> float:
         worst = 0.0
+        g = self.group_size
         for items in groups.values():
             if items:
-                lens = [max(1, int(pred[i])) for i in items]
-                worst = max(worst, max(instance_finish_times(self.cost, lens, [plens[i] for i in items], cap)))
+                lens = [max(1, int(pred[i])) for i in items for _ in range(g)]
+                prompt_lens = [plens[i] for i in items for _ in range(g)]
+                worst = max(worst, max(instance_finish_times(self.cost, lens, prompt_lens, cap)))
         return worst
 
     def plan(self, prompts: Sequence[Prompt], instances: Sequence[InstanceInfo]) -> DispatchPlan:
@@ -212,7 +241,7 @@ def _interleave(groups: dict[int, list[int]], ids: Sequence[int]) -> tuple[tuple
 
 def make_dispatcher(policy: str, rng: random.Random, ranker: LengthRanker | None, cost: CostModel,
                     prompt_len: int, long_tail_fraction: float = 0.2, tail_batch_cap: int = 8,
-                    tail_instances: int | None = None) -> Dispatcher:
+                    tail_instances: int | None = None, group_size: int = 1) -> Dispatcher:
     if policy == "round_robin":
         return RoundRobinDispatcher()
     if policy == "random":
@@ -224,6 +253,18 @@ def make_dispatcher(policy: str, rng: random.Random, ranker: LengthRanker | None
             raise ConfigError("dispatch.ranker", None, "skew_aware dispatch needs a ranker: "
                               "oracle, random, history or learned")
         return SkewAwareDispatcher(ranker, cost, prompt_len, long_tail_fraction, tail_batch_cap,
-                                   tail_instances)
+                                   tail_instances, group_size)
     raise ConfigError("dispatch.policy", policy,
                       "allowed: 'round_robin', 'random', 'least_loaded', 'skew_aware'")
+
+
+def build_dispatch(cfg: DispatchConfig, seed: int, cost: CostModel, prompt_len: int, group_size: int = 1,
+                   oracle: Callable[[Prompt], float] | None = None) -> tuple[LengthRanker, Dispatcher]:
+    """The ranker and the dispatcher of `cfg`: the one construction the runtime, the emulation
+    and the simulator share. `cost` prices the skew-aware tail group, `prompt_len` stands in for a
+    prompt whose `tokens` is 0, `group_size` is the requests each prompt brings, `oracle` gives
+    true lengths (only where they are known in advance). Each draws from its own sub-seed of `seed`."""
+    ranker = make_ranker(cfg.ranker, random.Random(stable_seed("ranker", seed)), oracle)
+    dispatcher = make_dispatcher(cfg.policy, random.Random(stable_seed("dispatch", seed)), ranker, cost, prompt_len,
+                                 cfg.long_tail_fraction, cfg.tail_batch_cap, cfg.tail_instances, group_size)
+    return ranker, dispatcher

@@ -37,18 +37,18 @@ import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Literal, Mapping, Protocol
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 import torch
 
+# The engine's config, requests and samples are torch-free (emulated workers and the driver use
+# them without torch); they stay importable from here.
+from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
 from poise.rollout.sampling import SamplingConfig, sample_next
-from poise.schema import check, help_field
-
-SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
-FinishReason = Literal["eos", "stop", "length", "abort"]
+from poise.types import FinishReason, Request, Sample, SampleId
 
 
 class RequestError(PoiseError):
@@ -69,58 +69,6 @@ class WeightsError(PoiseError):
 
 class EngineBusyError(PoiseError):
     """An operation that needs no sequence in flight was called with some in flight."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
-    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
-    batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
-                                              "co-batched requests (fixed decode shapes; slower)")
-    invariant_tile: int = help_field(16, "rows per fixed-shape decode tile in batch_invariant mode; engines "
-                                         "must share it (and max_context) to agree bit for bit. One forward "
-                                         "per tile with a live slot: set it to num_slots when every engine "
-                                         "has the same slots (fewest forwards)")
-    max_prefill_tokens: int = help_field(2048, "prompt tokens admitted per step at most (bounds a step's work)")
-    stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
-                                                   "(needs a tokenizer); the completing token is kept")
-    weight_bucket_mb: float = help_field(64.0, "load_weights stages at most this many MiB at a time")
-
-    def __post_init__(self) -> None:
-        check(self.num_slots >= 1, "num_slots", self.num_slots, "must be >= 1")
-        check(self.max_context >= 0, "max_context", self.max_context, "must be >= 0 (0 = model's maximum)")
-        check(self.invariant_tile >= 2, "invariant_tile", self.invariant_tile,
-              "must be >= 2 (a 1-row matmul takes a different kernel than a multi-row one)")
-        check(self.max_prefill_tokens >= 1, "max_prefill_tokens", self.max_prefill_tokens, "must be >= 1")
-        check(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", self.stop_strings,
-              "must be non-empty strings")
-        check(self.weight_bucket_mb > 0, "weight_bucket_mb", self.weight_bucket_mb, "must be > 0")
-
-
-@dataclass(frozen=True)
-class Request:
-    sample_id: SampleId
-    prompt_ids: list[int] | tuple[int, ...]
-    max_new_tokens: int | None = None  # None: SamplingConfig.max_new_tokens
-
-
-@dataclass(frozen=True)
-class Sample:
-    """A finished (or, with finish_reason 'abort', partial) response.
-
-    logprobs[i] is log p(token_ids[i]) under the tempered, unfiltered distribution
-    (see `sample_next`). Times come from the engine's clock.
-    """
-
-    sample_id: SampleId
-    prompt_ids: tuple[int, ...]
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: FinishReason
-    weights_version: int
-    submit_time: float
-    finish_time: float
-    max_new_tokens: int  # the budget it ran under; a resumed partial keeps it
 
 
 class TokenDecoder(Protocol):

@@ -13,11 +13,9 @@ its logits, which batch-invariant decoding makes independent of the batch too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from poise.schema import check, help_field
+from poise.config import SamplingConfig  # torch-free; stays importable from here
 
 _MASK64 = (1 << 64) - 1
 
@@ -64,20 +62,6 @@ def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     bits = _mix(keys[:, None] ^ (vocab[None, :] * _GOLDEN))
     mantissa = _shr(bits, 11).to(torch.float64)  # 53 random bits
     return (mantissa + 0.5) / float(1 << 53)
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    temperature: float = help_field(1.0, "softmax temperature; 0 means greedy")
-    top_p: float = help_field(1.0, "nucleus sampling: keep the smallest set of tokens with this much mass")
-    top_k: int = help_field(0, "keep only the k most likely tokens; 0 keeps all")
-    max_new_tokens: int = help_field(80, "longest response in tokens")
-
-    def __post_init__(self) -> None:
-        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0 = greedy)")
-        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        check(self.top_k >= 0, "top_k", self.top_k, "must be >= 0 (0 = no top-k)")
-        check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
 
 
 def filtered_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -5,36 +5,58 @@ async  step k: the trainer updates on step k's samples (made with weights k-1) w
        generates step k+1 with weights k; then weights k+1 are published. Exact staleness 1
        (DESIGN.md invariant 4); step 0 uses the initial weights, the only ones there are.
 
-Prompts, sampling, micro-batches and the reduction order are those of the colocated loop, so in
-`determinism: bitwise` every sample and every update equals the colocated reference's.
+Prompts, sampling, the step plan (poise.policy.plan) and the reduction order are those of the
+colocated loop, so in `determinism: bitwise` every sample and every update equals the colocated
+reference's. Prompts and rewards come from a `StepSource`: the tasks (real compute) or a
+scenario (emulated compute); the driver does not know which.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Protocol, Sequence
 
 import ray
 
 from poise.config import TrainConfig
-from poise.data.tasks import Problem, reward
+from poise.data.prompts import TaskSteps, make_prompt_source, make_tokenizer
+from poise.data.tasks import Problem
 from poise.errors import PoiseError
+from poise.metrics import step_metrics
+from poise.policy.controller import StaticSplit, StepObservation
+from poise.policy.cost import CostModel
+from poise.policy.dispatch import build_dispatch
+from poise.policy.plan import StepPlan, plan_step
+from poise.policy.split import Split
+from poise.rundir import prepare_run_dir, truncate_metrics
 from poise.runlog import RunLog
 from poise.runtime.cluster import connect, device_pool, free_port
-from poise.runtime.service import StreamGenerationService, make_ranker_and_dispatcher
+from poise.runtime.service import StreamGenerationService
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
 from poise.schema import dump
 from poise.train.checkpoint import latest_checkpoint
-from poise.train.colocated import prepare_run_dir, step_metrics, truncate_metrics
 from poise.train.progress import StepProgress
-from poise.train.setup import encode_prompt, make_prompt_source, make_tokenizer
+from poise.types import Sample, SampleId
+
+
+class StepSource(Protocol):
+    """Each step's prompts, their token ids, and each sample's reward (data.prompts.TaskSteps,
+    runtime.emulated.Emulation)."""
+
+    def problems(self, step: int) -> list[Problem]: ...
+
+    def prompt_ids(self, problem: Problem) -> Sequence[int]: ...
+
+    def score(self, problem: Problem, sample: Sample) -> float: ...
 
 
 class Runtime:
     """The job's devices, roles, communicators, and the two services over them."""
 
-    def __init__(self, cfg: TrainConfig, split: tuple[int, int], dispatcher=None, emulation=None):
+    def __init__(self, cfg: TrainConfig, split: tuple[int, int], source: StepSource, dispatcher=None,
+                 emulation=None):
         self.cfg = cfg
         c, algo = cfg.cluster, cfg.algorithm
         connect(c)
@@ -55,156 +77,177 @@ class Runtime:
                  for w in self.workers])
         ray.get([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
                 + [self.workers[d].set_role.remote("train") for d in self.train_ranks])
-        ranker, default = make_ranker_and_dispatcher(cfg.dispatch.policy, cfg.dispatch.ranker, cfg.run.seed,
-                                                        cfg.dispatch.long_tail_fraction, cfg.dispatch.tail_batch_cap,
-                                                        prompt_len=16)
-        if emulation is not None:  # the scenario's dispatch policy and ranker, as the simulator builds them
+        if emulation is not None:
             ranker, default = emulation.ranker, emulation.dispatcher
-        dispatcher = dispatcher or default  # tests inject reordering or lossy dispatchers
+        else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
+            first = source.problems(0)
+            prompt_len = round(sum(len(source.prompt_ids(p)) for p in first) / len(first))
+            ranker, default = build_dispatch(cfg.dispatch, cfg.run.seed, CostModel(), prompt_len, algo.group_size)
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
-                                               dispatcher, ranker, algo.group_size, cfg.rollout.num_slots)
-        if emulation is not None:  # a poll batches finishes over wall seconds: scale it with the compute
-            self.service.poll_seconds *= emulation.device_spec.time_scale
+                                               dispatcher or default,  # tests inject reordering or lossy ones
+                                               ranker, algo.group_size, cfg.rollout.num_slots)
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.micro_batch_size, algo.updates_per_step, algo.group_size,
                                     algo.scale_rewards, cfg.pipeline.streaming, algo.loss_agg)
+
+    @property
+    def split(self) -> Split:
+        return Split(len(self.rollout_ranks), len(self.train_ranks))
 
     def publish_weights(self, version: int) -> float:
         return self.service.publish_weights(self.workers[self.leader], self.leader, version,
                                             self.cfg.rollout.weight_bucket_mb)
 
+    def digests(self) -> tuple[str, list[str]]:
+        """The train leader's weights digest and every rollout device's."""
+        digests = ray.get([self.workers[d].weights_digest.remote() for d in [self.leader] + self.rollout_ranks])
+        return digests[0], digests[1:]
+
     def shutdown(self) -> None:
+        ray.get([w.shutdown.remote() for w in self.workers])
         for w in self.workers:
             ray.kill(w)
         self.pool.release()
 
 
 class Driver:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, emulation=None):
-        self.cfg, self.run_dir, self.rt = cfg, run_dir, runtime
-        self.emulation = emulation  # emulated compute: prompts, prompt ids and rewards from a scenario
-        self.tokenizer = make_tokenizer(cfg.data, cfg.model)
-        self.source = make_prompt_source(cfg.data, cfg.run.seed)
+    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, source: StepSource):
+        self.cfg, self.run_dir, self.rt, self.source = cfg, run_dir, runtime, source
+        self.kind = cfg.pipeline.kind  # sync | stream | async
+        self.controller = StaticSplit()  # the resize controller's place (live resizing)
         self.version = 0
         self.start_step = 0
         self.t0 = time.time()
+        self.generated: dict[int, list[tuple[Sample, float]]] = {}  # async: the next step, already generated
 
     def now(self) -> float:
         return time.time() - self.t0
 
-    # --- phases --------------------------------------------------------------------------------
-    def prompts(self, step: int) -> list[Problem]:
-        if self.emulation is not None:
-            return self.emulation.problems(step)
-        return self.source.prompts_for_step(step, self.cfg.algorithm.prompts_per_step)
-
-    def score(self, problems: list[Problem], sample) -> float:
-        if self.emulation is not None:
-            return self.emulation.reward(sample)
-        eos = self.tokenizer.eos_id
-        return reward(problems[sample.sample_id[1]], self.tokenizer.decode([t for t in sample.token_ids if t != eos]))
-
-    def generate(self, step: int, problems: list[Problem], feed_trainer: bool) -> list:
-        """Dispatch the step's prompts; each finished sample goes to the trainer at once if asked."""
-        encode = self.emulation.prompt_ids if self.emulation is not None else \
-            (lambda p: encode_prompt(self.tokenizer, p))
-        self.rt.service.start_step(step, problems, [encode(p) for p in problems])
-        samples = []
-        for sample, _device in self.rt.service.stream():
-            samples.append(sample)
-            if feed_trainer:
-                self.rt.trainer.feed(sample, self.score(problems, sample))
-        self.rt.service.observe(samples)
-        return samples
-
-    def train_on(self, samples: list, problems: list[Problem]) -> None:
-        for sample in sorted(samples, key=lambda s: s.sample_id):
-            self.rt.trainer.feed(sample, self.score(problems, sample))
-
     # --- the loop ------------------------------------------------------------------------------
     def run(self, log: RunLog) -> list[dict]:
         cfg, rows = self.cfg, []
-        asynchronous = cfg.pipeline.mode == "async"
-        ahead: tuple[list[Problem], list] | None = None  # async: the next step, already generated
         with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar:
             for step in range(self.start_step, cfg.run.steps):
                 t_start = self.now()
-                problems = self.prompts(step)
-                self.rt.trainer.start_step(step, len(problems))
-                if asynchronous:
-                    samples = ahead[1] if ahead else self.generate(step, problems, feed_trainer=False)
-                    self.train_on(samples, problems)
-                    if step + 1 < cfg.run.steps:  # overlaps the update queued just above
-                        nxt = self.prompts(step + 1)
-                        ahead = (nxt, self.generate(step + 1, nxt, feed_trainer=False))
-                else:
-                    samples = self.generate(step, problems, feed_trainer=True)
+                plan = self.plan(step)  # expected ids, mini/micro-batches and owners, weights version
+                problems = self.source.problems(step)
+                self.rt.trainer.start_step(plan)
+                if self.kind == "async":  # train on step k (generated last step) while generating k+1
+                    scored = self.generated.pop(step, None) or self.generate(step, problems, stream_to_trainer=False)
+                    self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
+                    if step + 1 < cfg.run.steps:
+                        self.generated[step + 1] = self.generate(step + 1, self.source.problems(step + 1),
+                                                                 stream_to_trainer=False)
+                else:  # each sample goes to the trainer the moment it is scored
+                    scored = self.generate(step, problems, stream_to_trainer=True)
                 t_gen = self.now()
-                stats = self.rt.trainer.finish_step()
+                stats, micro, updates = self.rt.trainer.finish_step()  # train
                 t_train = self.now()
                 self.version += 1
-                sync_s = self.rt.publish_weights(self.version)
+                sync_s = self.publish(log, step)  # weights version k+1 to every rollout device
                 t_end = self.now()
-                row = step_metrics(step, samples, self.rt.trainer.rewards, problems, _public(stats),
-                                   {"rollout_s": t_gen - t_start, "train_wait_s": t_train - t_gen,
-                                    "sync_s": t_end - t_train})
-                row["split"] = [len(self.rt.rollout_ranks), len(self.rt.train_ranks)]
-                self.log_step(log, step, samples, problems, stats, t_start, t_gen, t_end, row, sync_s)
-                log.metrics(row)
+                self.maybe_resize(log, step, plan, scored, t_start, t_gen, t_train, t_end)
+                row = self.log_step(log, step, problems, scored, stats, micro, updates,
+                                    (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
-                done = step + 1
-                if done == cfg.run.steps or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
-                    ray.get(self.rt.workers[self.rt.leader].save_checkpoint.remote(str(self.run_dir), done,
-                                                                                   self.version))
+                self.checkpoint(step + 1)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
 
-    def log_step(self, log: RunLog, step: int, samples, problems, stats, t_start, t_gen, t_end, row, sync_s) -> None:
+    # --- phases --------------------------------------------------------------------------------
+    def plan(self, step: int) -> StepPlan:
+        a = self.cfg.algorithm
+        return plan_step(step, a.prompts_per_step, a.group_size, updates_per_step=a.updates_per_step,
+                         micro_batch_size=a.micro_batch_size, train_devices=len(self.rt.train_ranks), mode=self.kind)
+
+    def generate(self, step: int, problems: list[Problem], stream_to_trainer: bool) -> list[tuple[Sample, float]]:
+        """Dispatch step `step`'s prompt groups and score every sample as its batch arrives."""
+        self.rt.service.start_step(step, problems, [self.source.prompt_ids(p) for p in problems])
+        scored: list[tuple[Sample, float]] = []
+        for batch in self.rt.service.stream():
+            part = [(s, self.source.score(problems[s.sample_id[1]], s)) for s in batch]
+            scored += part
+            if stream_to_trainer:
+                self.rt.trainer.feed(part)
+        self.rt.service.observe([s for s, _ in scored])
+        return scored
+
+    def publish(self, log: RunLog, step: int) -> float:
+        """Weights version `self.version` from the train leader to every rollout device."""
+        seconds = self.rt.publish_weights(self.version)
+        if self.cfg.run.verify_sync:
+            leader, rollout = self.rt.digests()
+            for device, digest in zip(self.rt.rollout_ranks, rollout):
+                if digest != leader:
+                    raise PoiseError(f"weight sync of version {self.version}: rollout device {device} holds weights "
+                                     f"{digest[:12]} but the trainer holds {leader[:12]}; the sync lost or "
+                                     "corrupted a bucket")
+            log.event("sync", self.now(), step=step, version=self.version, digest=leader,
+                      devices=[self.rt.leader, *self.rt.rollout_ranks])
+        return seconds
+
+    def maybe_resize(self, log: RunLog, step: int, plan: StepPlan, scored, t_start: float, t_gen: float,
+                     t_train: float, t_end: float) -> None:
+        """Where the resize controller decides; a static split holds (live resizing acts here)."""
+        lengths = tuple(len(s.token_ids) for s, _ in scored)
+        obs = StepObservation(step, t_end, self.rt.split, t_gen - t_start, t_train - t_gen, t_end - t_start, lengths,
+                              round(sum(len(s.prompt_ids) for s, _ in scored) / max(1, len(scored))))
+        decision = self.controller.observe(obs)
+        if decision.action == "resize" or decision.signal:
+            log.event("decision", t_end, **decision.event_fields())
+
+    def checkpoint(self, done: int) -> None:
+        run = self.cfg.run
+        if done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
+            ray.get(self.rt.workers[self.rt.leader].save_checkpoint.remote(str(self.run_dir), done, self.version))
+
+    # --- the log -------------------------------------------------------------------------------
+    def log_step(self, log: RunLog, step: int, problems: list[Problem], scored, stats: dict, micro: list[dict],
+                 updates: list[dict], times: tuple[float, float, float, float], sync_s: float) -> dict:
+        """Events and the metrics row of step `step`: its own samples (each with its own finish time
+        and instance), its generation intervals (in async, run during the step before) and its
+        training intervals."""
+        t_start, t_gen, t_train, t_end = times
+        ordered = sorted(scored, key=lambda x: x[0].sample_id)
+        samples = [s for s, _ in ordered]
+        rewards: dict[SampleId, float] = {s.sample_id: r for s, r in ordered}
+        row = step_metrics(step, samples, rewards, problems, stats,
+                           {"rollout_s": t_gen - t_start, "train_wait_s": t_train - t_gen, "sync_s": t_end - t_train})
+        row["split"] = self.rt.split.as_list()
         rel = lambda wall: wall - self.t0  # noqa: E731 - workers report wall-clock times
-        for inst in self.rt.service.instances:
-            if inst.busy_start is not None:
-                log.event("interval", rel(inst.busy_start), device=inst.device, role="rollout", phase="generate",
-                          step=step, start=rel(inst.busy_start), end=rel(inst.busy_end))
-        for m in stats["micro_batches"]:
+        for device, start, end in self.rt.service.busy.get(step, []):
+            log.event("interval", rel(start), device=device, role="rollout", phase="generate", step=step,
+                      start=rel(start), end=rel(end))
+        for m in micro:
             log.event("interval", rel(m["start"]), device=m["device"], role="train", phase="micro_batch",
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"])
-        for per_device in stats["updates"]:
-            for u in per_device:
-                log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
-                          step=step, start=rel(u["start"]), end=rel(u["end"]))
+        for u in updates:
+            log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
+                      step=step, start=rel(u["start"]), end=rel(u["end"]))
+        tokens = self.cfg.run.log_tokens
         for s in samples:
-            log.event("sample", t_gen, id=list(s.sample_id), step=step, prompt_id=problems[s.sample_id[1]].uid,
-                      output_length=len(s.token_ids), weights_version=s.weights_version,
-                      instance=_instance_of(self.rt, s), submit=t_start, finish=t_gen,
-                      **({"tokens": list(s.token_ids)} if self.cfg.run.log_tokens else {}))
+            log.event("sample", rel(s.finish_time), id=list(s.sample_id), step=step,
+                      prompt_id=problems[s.sample_id[1]].uid, output_length=len(s.token_ids),
+                      weights_version=s.weights_version, instance=self.rt.service.instance_of[s.sample_id],
+                      submit=rel(s.submit_time), finish=rel(s.finish_time),
+                      **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}))
+        self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
-                  train_s=row["phases"]["train_wait_s"], sync_s=sync_s, reward_mean=row["reward_mean"],
+                  train_s=t_train - t_gen, sync_s=sync_s, reward_mean=row["reward_mean"],
                   tokens=row["tokens"], split=row["split"], mode=self.cfg.pipeline.mode)
-
-
-def _instance_of(rt: Runtime, sample) -> int:
-    plan = rt.service.last_plan
-    if plan is None:
-        return -1
-    return dict(plan.order).get(sample.sample_id[1], -1)
-
-
-def _public(stats: dict) -> dict:
-    return {k: v for k, v in stats.items() if k not in ("micro_batches", "updates")}
+        log.metrics(row)
+        return row
 
 
 def choose_split(cfg: TrainConfig) -> tuple[int, int]:
     if cfg.cluster.split:
         return cfg.cluster.split[0], cfg.cluster.split[1]
     from poise.policy.allocator import StepWorkload, allocate
-    from poise.policy.cost import CostModel
 
     # A representative step: the reference answers' lengths (+EOS) of step 0's prompts.
     source = make_prompt_source(cfg.data, cfg.run.seed)
     problems = source.prompts_for_step(0, cfg.algorithm.prompts_per_step)
     lengths = tuple(len(p.answer) + 1 for p in problems for _ in range(cfg.algorithm.group_size))
-    mode = "async" if cfg.pipeline.mode == "async" else ("stream" if cfg.pipeline.streaming else "sync")
-    alloc = allocate(CostModel(), StepWorkload(lengths, 16), cfg.cluster.devices, mode)
+    alloc = allocate(CostModel(), StepWorkload(lengths, 16), cfg.cluster.devices, cfg.pipeline.kind)
     return alloc.split.rollout, alloc.split.train
 
 
@@ -230,9 +273,11 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     split = emulation.split() if emulation is not None else choose_split(cfg)
     if not resume:
         dump(cfg, run_dir / "config.yaml")
-    runtime = Runtime(cfg, split, dispatcher, emulation)
+    source: StepSource = emulation if emulation is not None else \
+        TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step)
+    runtime = Runtime(cfg, split, source, dispatcher, emulation)
     try:
-        driver = Driver(cfg, run_dir, runtime, emulation)
+        driver = Driver(cfg, run_dir, runtime, source)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
             states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])

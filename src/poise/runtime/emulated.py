@@ -7,14 +7,16 @@ stream generation service with its dispatcher and per-instance caps, the poll/su
 the trainer group's ledger, canonical micro-batches, contiguous ranges and normaliser, the
 update and sync fan-outs and the driver loop. What a device would compute is a sleep:
 
-    EmulatedEngine   continuous batching over `num_slots` slots; an admission sleeps its
-                     prefill, the live batch sleeps `cost.decode_segment_s` up to the next
-                     finish; output lengths come from the scenario workload by sample id.
-    EmulatedTrainer  a micro-batch sleeps `cost.train_compute_s(tokens, 1)` (one data-parallel
-                     device holds it), an update `cost.train_fixed_s(train devices)`, a weight
-                     sync `cost.sync_s()`.
-    Emulation        the driver's side: the scenario's prompts, prompt sizes, rewards, dispatch
-                     policy and ranker, and the split the allocator picks for it.
+    EmulatedEngine   continuous batching over `num_slots` slots, stepped by the simulator's
+                     kernel (`policy.cost.ContinuousBatch`): an admission sleeps its prefill, the
+                     live batch sleeps the decode up to the next finish; output lengths come from
+                     the scenario workload by sample id.
+    EmulatedTrainShard  a micro-batch sleeps `cost.train_compute_s(tokens, 1)` (one data-parallel
+                     device holds it), an update `cost.train_fixed_s(train devices)`.
+    EmulatedSync     a weight sync sleeps `cost.sync_s()`.
+    Emulation        the driver's side: the scenario's prompts, prompt sizes and rewards, the
+                     config's dispatch policy and ranker (`build_dispatch`, as the simulator
+                     builds them), and the split the allocator picks for it.
 
 Sleeps are cost-model seconds times `emulation.time_scale`, so a run's wall times divided by the
 scale are directly comparable with `poise simulate` of the same scenario (the simulator is linear
@@ -49,14 +51,13 @@ from typing import Callable, Sequence
 
 from poise.data.tasks import Problem
 from poise.errors import PoiseError
-from poise.policy.cost import CostModel
-from poise.policy.dispatch import DispatchPlan, InstanceInfo, make_dispatcher
-from poise.policy.rankers import Finished, Prompt, make_ranker
-from poise.rollout.engine import Request, Sample
+from poise.policy.cost import ContinuousBatch, CostModel
+from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
+from poise.policy.plan import micro_normaliser
+from poise.policy.rankers import Finished, Prompt
 from poise.sim.scenario import ScenarioConfig, load_scenario
 from poise.sim.workload import _seed, make_workload
-
-SampleId = tuple[int, int, int]
+from poise.types import Request, Sample, SampleId
 
 
 @dataclass(frozen=True)
@@ -94,19 +95,14 @@ class _Live:
     request: Request
     length: int  # tokens it will generate
     submit_time: float
-    generated: int = 0
-
-    @property
-    def context(self) -> int:
-        return len(self.request.prompt_ids) + self.generated
 
 
 class EmulatedEngine:
     """The part of `poise.rollout.engine.Engine` that DeviceWorker uses, with sleeps for compute.
 
-    Continuous batching as the real engine (and `policy.cost.instance_finish_times`) does it:
-    FIFO admission into free slots, every live sequence gains a token per decode step, a finished
-    sequence frees its slot for the next request.
+    Continuous batching as the real engine does it, timed by the kernel the simulator runs
+    (`policy.cost.ContinuousBatch`): FIFO admission into free slots, every live sequence gains a
+    token per decode step, a finished sequence frees its slot for the next request.
     """
 
     def __init__(self, cost: CostModel, lengths: Callable[[SampleId], int], num_slots: int, time_scale: float,
@@ -116,7 +112,9 @@ class EmulatedEngine:
         self._now, self._sleep_fn = now, sleep
         self.version = 0
         self._queue: deque[_Live] = deque()
-        self._live: list[_Live] = []
+        self._batch = ContinuousBatch(cost, num_slots)
+        self._live: dict[int, _Live] = {}  # admission number -> sequence
+        self._admitted = 0
 
     def submit(self, request: Request) -> None:
         self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), self._now()))
@@ -136,21 +134,17 @@ class EmulatedEngine:
     def step(self) -> list[Sample]:
         """Admit into free slots, decode up to the next finish, return the finished samples."""
         prefill = 0.0
-        while self._queue and len(self._live) < self.num_slots:
+        while self._queue and self._batch.free:
             seq = self._queue.popleft()
-            prefill += self.cost.prefill_s(len(seq.request.prompt_ids))
-            self._live.append(seq)
+            self._live[self._admitted] = seq
+            prefill += self._batch.admit(self._admitted, len(seq.request.prompt_ids), seq.length)
+            self._admitted += 1
         if not self._live:
             return []
-        steps = min(s.length - s.generated for s in self._live)
-        decode = self.cost.decode_segment_s(len(self._live), sum(s.context for s in self._live), steps)
+        decode, done = self._batch.advance()
         self._sleep(prefill + decode)
         now = self._now()
-        finished, live = [], []
-        for s in self._live:
-            s.generated += steps
-            (finished if s.generated >= s.length else live).append(s)
-        self._live = live
+        finished = [self._live.pop(key) for key in done]
         return [Sample(tuple(s.request.sample_id), tuple(s.request.prompt_ids), (0,) * s.length, (), "length",
                        self.version, s.submit_time, now, s.length) for s in finished]
 
@@ -161,18 +155,21 @@ class EmulatedEngine:
                                f"and {self.num_queued} queued sequences; sync only between generations")
         self.version = version
 
+    def set_weights_version(self, version: int) -> None:
+        self.load_weights((), version)
+
     def _sleep(self, model_seconds: float) -> None:
         wall = model_seconds * self.scale
         if wall > 0:
             self._sleep_fn(wall)
 
 
-class EmulatedTrainer:
+class EmulatedTrainShard:
     """A train shard's bookkeeping (micro-batch indices, contiguous ranges, normaliser) with the
-    forward/backward, the reduction + optimizer step and the weight broadcast as sleeps."""
+    forward/backward and the reduction + optimizer step as sleeps."""
 
-    def __init__(self, rank: int, cost: CostModel, time_scale: float, loss_agg: str, engine: EmulatedEngine):
-        self.rank, self.cost, self.scale, self.loss_agg, self.engine = rank, cost, time_scale, loss_agg, engine
+    def __init__(self, rank: int, cost: CostModel, time_scale: float, loss_agg: str):
+        self.rank, self.cost, self.scale, self.loss_agg = rank, cost, time_scale, loss_agg
         self._normalisers: dict[int, float] = {}  # micro-batch index -> its normaliser
         self.version = 0
 
@@ -184,8 +181,7 @@ class EmulatedTrainer:
         if index in self._normalisers:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} trained twice in one update")
         tokens = sum(len(s.token_ids) for s in samples)
-        # the real trainer's normaliser: response tokens (loss_agg token) or responses (sequence)
-        normaliser = float(tokens) if self.loss_agg == "token" else float(len(samples))
+        normaliser = micro_normaliser([len(s.token_ids) for s in samples], self.loss_agg)
         # the simulator prices forward+backward over prompt + response tokens
         self._sleep(self.cost.train_compute_s(tokens + sum(len(s.prompt_ids) for s in samples), 1))
         self._normalisers[index] = normaliser
@@ -207,42 +203,53 @@ class EmulatedTrainer:
         self.version += 1
         return {"grad_norm": 0.0, "start": start, "end": time.time(), "device": self.rank}
 
-    def sync_weights(self, src: int, version: int) -> float:
-        start = time.time()
-        self._sleep(self.cost.sync_s())
-        if self.rank == src:
-            self.engine.version = version
-        else:
-            self.engine.load_weights((), version)
-        self.version = version
-        return time.time() - start
+    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
+        return ""  # an emulated device holds no weights
+
+    def load_checkpoint(self, path: str) -> tuple[int, int]:
+        raise PoiseError("an emulated device holds no weights to restore")
+
+    def digest(self) -> str:
+        return f"emulated-v{self.version}"
 
     def _sleep(self, model_seconds: float) -> None:
         if model_seconds > 0:
             time.sleep(model_seconds * self.scale)
 
 
-class EmulatedDevice:
-    """What DeviceWorker holds instead of a model, an engine and a trainer (worker.py hooks)."""
+class EmulatedSync:
+    """The weight sync's fan-out and barrier stay real (every rank gets the call); the transfer
+    is a sleep of `cost.sync_s()` and the version is stamped on the engine."""
 
-    def __init__(self, rank: int, spec: EmulatedSpec, num_slots: int):
-        from poise.sim.driver import make_cost
+    def __init__(self, cost: CostModel, time_scale: float, engine_call):
+        self.cost, self.scale, self.engine_call = cost, time_scale, engine_call
 
-        cost = make_cost(spec.scenario)
-        self.engine = EmulatedEngine(cost, _Lengths(spec.scenario), num_slots, spec.time_scale)
-        self.trainer = EmulatedTrainer(rank, cost, spec.time_scale, spec.loss_agg, self.engine)
+    def prewarm(self, rank_sets: list[list[int]]) -> int:
+        return len(rank_sets)  # no torch.distributed world: nothing to create
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
+        start = time.time()
+        if self.cost.sync_s() > 0:
+            time.sleep(self.cost.sync_s() * self.scale)
+        self.engine_call(lambda engine: engine.set_weights_version(version))
+        return time.time() - start
+
+
+def emulated_roles(rank: int, spec: EmulatedSpec, num_slots: int, engine_call):
+    """The emulated RolloutEngine, TrainShard and WeightSync of one device (runtime/roles.py)."""
+    from poise.sim.driver import make_cost
+
+    cost = make_cost(spec.scenario)
+    engine = EmulatedEngine(cost, _Lengths(spec.scenario), num_slots, spec.time_scale)
+    return engine, EmulatedTrainShard(rank, cost, spec.time_scale, spec.loss_agg), EmulatedSync(
+        cost, spec.time_scale, engine_call)
 
 
 # ---- driver side ------------------------------------------------------------------------------
 
-def sim_mode(pipeline_mode: str, streaming: bool) -> str:
-    """The simulator's name for a runtime pipeline: sync, stream (sync + streaming) or async."""
-    return "async" if pipeline_mode == "async" else ("stream" if streaming else "sync")
-
-
 class _ScenarioDispatcher:
-    """The scenario's dispatcher, seeing the scenario's own Prompts (features, token counts) for
-    the service's prompt ids; the service plans per prompt (all G samples on one instance)."""
+    """The dispatcher, seeing the scenario's own Prompts (features, token counts) for the
+    service's prompt ids; the service plans per prompt (all G samples on one instance)."""
 
     def __init__(self, inner, prompts: dict[str, Prompt]):
         self.inner, self.prompts = inner, prompts
@@ -269,9 +276,10 @@ class Emulation:
     """The driver's side of emulated compute, built from a TrainConfig with compute: emulated.
 
     The scenario supplies the workload (prompts per step and group size replace the algorithm
-    section's, so the ledger expects exactly the scenario's samples), the cost model and the
-    dispatch policy with its ranker; the TrainConfig keeps devices, split, pipeline, micro-batch
-    size, slots, steps and the run directory.
+    section's, so the ledger expects exactly the scenario's samples) and the cost model; the
+    TrainConfig keeps devices, split, pipeline, micro-batch size, dispatch policy and ranker,
+    slots, seed, steps and the run directory, and `scenario` is updated to match them (so the
+    allocator and `poise simulate` of it price the same job).
     """
 
     cfg: object  # poise.config.TrainConfig, algorithm sizes replaced by the scenario's
@@ -287,7 +295,8 @@ class Emulation:
                              "checkpoint; start the run again (it is a timing emulation, not training)")
         e = cfg.emulation
         sc = load_scenario(e.scenario, list(e.overrides))
-        sc = dataclasses.replace(sc, mode=sim_mode(cfg.pipeline.mode, cfg.pipeline.streaming))
+        sc = dataclasses.replace(sc, pipeline=cfg.pipeline, dispatch=cfg.dispatch, cluster=dataclasses.replace(
+            sc.cluster, micro_batch_size=cfg.algorithm.micro_batch_size))
         w = sc.workload
         algorithm = dataclasses.replace(cfg.algorithm, prompts_per_step=w.prompts_per_step,
                                         group_size=w.samples_per_prompt)
@@ -302,11 +311,9 @@ class Emulation:
         self.cost = make_cost(sc)
         first = self.workload.step(0)
         self.prompt_len = int(round(sum(s.prompt_len for s in first) / len(first)))
-        d = sc.dispatch
-        # the simulator's construction (sim/driver.py), so both dispatch alike
-        ranker = make_ranker(d.ranker, random.Random(_seed("ranker", sc.seed)), lambda p: self.oracle[p.prompt_id])
-        dispatcher = make_dispatcher(d.policy, random.Random(_seed("dispatch", sc.seed)), ranker, self.cost,
-                                     self.prompt_len, d.long_tail_fraction, d.tail_batch_cap, d.tail_instances)
+        ranker, dispatcher = build_dispatch(self.cfg.dispatch, self.cfg.run.seed, self.cost, self.prompt_len,
+                                            self.cfg.algorithm.group_size,
+                                            oracle=lambda p: self.oracle[p.prompt_id])
         self.ranker = _ScenarioRanker(ranker, self.prompts)
         self.dispatcher = _ScenarioDispatcher(dispatcher, self.prompts)
 
@@ -342,6 +349,6 @@ class Emulation:
         """A prompt of the scenario's length: the engine prefills and holds that many tokens."""
         return (0,) * self.prompts[problem.uid].tokens
 
-    def reward(self, sample: Sample) -> float:
+    def score(self, problem: Problem, sample: Sample) -> float:
         # a Random per id: the FNV seed's low bit is a parity of the id's characters, not a coin
         return float(random.Random(_seed("reward", self.scenario.seed, tuple(sample.sample_id))).random() < 0.5)

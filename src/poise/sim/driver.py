@@ -7,11 +7,16 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
     weights  sync/stream: step k generates with weights version k (needs train k-1 + sync);
              async: with version k-1 (needs train k-2 + sync), so generation of step k overlaps
              training of step k-1 (StreamRL §4.1, one-step staleness).
-    generate dispatcher.plan -> each instance runs continuous batching (policy.cost kernel);
-             every sample's finish time is exact on the virtual clock.
-    train    sync/async: starts when the whole batch has arrived. stream: micro-batches (by
-             prompt index, never by arrival: DESIGN.md invariant 3) are trained as soon as all
-             their samples are in; the optimizer step follows the last one.
+    generate dispatcher.plan over the step's prompt groups (all G samples of a prompt on one
+             instance, as the runtime's stream generation service does) -> each instance runs
+             continuous batching (policy.cost kernel); every sample's finish time is exact on
+             the virtual clock.
+    train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
+             micro-batches of `cluster.micro_batch_size` samples by sample id (never by
+             arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
+             (contiguous ranges), each device training its own one after another. sync/async:
+             from the end of generation; stream: each as soon as all its samples are in. The
+             optimizer step follows the last device.
     resize   the controller observes the step and may return a resize. The pipeline drains
              (in async, the in-flight generation of step k+1 finishes on the old split: the
              paper's "mixed step"), the critical-path phases block it, and the next train and
@@ -27,23 +32,23 @@ the new split after the critical path, keeping the tokens it had (re-prefilled).
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from poise.policy.allocator import StepWorkload, allocate
 from poise.policy.controller import Decision, ResizeController, ResizePolicy, StaticSplit, StepObservation
 from poise.policy.cost import CostModel, instance_finish_times, percentile
-from poise.policy.dispatch import InstanceInfo, make_dispatcher
-from poise.policy.pipeline import micro_batch_of, weights_version
-from poise.policy.rankers import Finished, make_ranker
+from poise.policy.dispatch import InstanceInfo, build_dispatch
+from poise.policy.pipeline import weights_version
+from poise.policy.plan import StepPlan, plan_step
+from poise.policy.rankers import Finished, Prompt
 from poise.policy.split import Split, all_splits, parse_splits
 from poise.runlog import RunLog
 from poise.schema import dump
 from poise.sim.scenario import ScenarioConfig
-from poise.sim.workload import SimSample, _seed, make_workload
+from poise.sim.workload import SimSample, make_workload
 
 
 class _NullLog:
@@ -128,26 +133,25 @@ class Simulation:
         self.prompt_len = _mean_prompt_len(first)
         self.split = sc.initial_split()
         self.batch_cap = c.batch_cap
+        # micro-batches per step, as the allocator and the controller price them
+        self.micro_batches = micro_batches = len(self.plan(first, 1).minis[0].micro)
         if self.split is None:
             # What a user knows before the run: the first few steps' lengths (e.g. from a trace or
             # a dry run of the initial policy).
             works = [StepWorkload(tuple(s.output_length for s in self.workload.step(k)), self.prompt_len)
                      for k in range(min(4, sc.steps))]
-            alloc = allocate(self.cost, works, c.devices, sc.mode, self.tp, c.batch_caps or (c.batch_cap,),
-                             parse_splits(sc.resize.allowed_splits) or None, c.micro_batches)
+            alloc = allocate(self.cost, works, c.devices, sc.kind, self.tp, c.batch_caps or (c.batch_cap,),
+                             parse_splits(sc.resize.allowed_splits) or None, micro_batches)
             self.split, self.batch_cap = alloc.split, alloc.batch_cap
         self._oracle: dict[str, float] = {}
-        self.ranker = make_ranker(sc.dispatch.ranker, random.Random(_seed("ranker", sc.seed)),
-                                  lambda p: self._oracle[p.prompt_id])
-        d = sc.dispatch
-        self.dispatcher = make_dispatcher(d.policy, random.Random(_seed("dispatch", sc.seed)), self.ranker,
-                                          self.cost, self.prompt_len, d.long_tail_fraction,
-                                          d.tail_batch_cap, d.tail_instances)
+        self.ranker, self.dispatcher = build_dispatch(sc.dispatch, sc.seed, self.cost, self.prompt_len,
+                                                      sc.workload.samples_per_prompt,
+                                                      oracle=lambda p: self._oracle[p.prompt_id])
         self.controller: ResizePolicy = StaticSplit()
         if sc.resize.policy == "dynamic":
             allowed = parse_splits(sc.resize.allowed_splits) or tuple(all_splits(c.devices, self.tp))
-            self.controller = ResizeController(sc.controller, self.cost, sc.mode, sc.resize.mode,
-                                               allowed, self.tp, self.batch_cap, c.micro_batches)
+            self.controller = ResizeController(sc.controller, self.cost, sc.kind, sc.resize.mode,
+                                               allowed, self.tp, self.batch_cap, micro_batches)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log: RunLog | _NullLog = RunLog(self.run_dir) if self.run_dir else _NullLog()
         self.records: list[StepRecord] = []
@@ -171,9 +175,9 @@ class Simulation:
         for k in range(sc.steps):
             resized = 0.0  # critical-path seconds of a resize inside this step
             samples = self.workload.step(k)
-            version = weights_version(k, sc.mode)
+            version = weights_version(k, sc.kind)
             ready = train_end[version - 1] + self.sync_s if version >= 1 else 0.0
-            if pending is not None and sc.mode != "async":  # nothing in flight: resize now
+            if pending is not None and sc.kind != "async":  # nothing in flight: resize now
                 end, bg_ready = self._resize(pending, train_end[-1], k)
                 gen_free = train_free = end
                 ready = max(ready, end + self.sync_s)
@@ -218,21 +222,39 @@ class Simulation:
         return summary
 
     # --- phases ---------------------------------------------------------------------------
+    def plan(self, samples: list[SimSample], train_devices: int) -> StepPlan:
+        """The step plan of `samples` (one step's). A replayed trace may give a prompt fewer
+        samples than its largest group: those ids of the plan's grid are holes that weigh nothing."""
+        return plan_step(samples[0].sample_id[0], 1 + max(s.sample_id[1] for s in samples),
+                         1 + max(s.sample_id[2] for s in samples), micro_batch_size=self.sc.cluster.micro_batch_size,
+                         train_devices=train_devices, mode=self.sc.kind)
+
+    @staticmethod
+    def groups(samples: list[SimSample], members: Sequence[int]) -> tuple[list[Prompt], list[list[int]]]:
+        """The prompt groups of `members` (positions in `samples`), in prompt-index order: one
+        Prompt each, the dispatch unit, and its members in sample-index order."""
+        by_prompt: dict[int, list[int]] = {}
+        for i in members:
+            by_prompt.setdefault(samples[i].sample_id[1], []).append(i)
+        order = sorted(by_prompt)
+        groups = [sorted(by_prompt[p], key=lambda i: samples[i].sample_id[2]) for p in order]
+        return [samples[g[0]].prompt for g in groups], groups
+
     def generate(self, k: int, samples: list[SimSample], start: float, abort_at: float | None = None
                  ) -> tuple[list[float], list[int], list[float]]:
-        """Dispatch step k's samples and run every instance's continuous batching from `start`.
-        Returns finish time, instance and admission time per sample; with `abort_at`, busy
-        intervals are cut there (the caller resumes what had not finished)."""
+        """Dispatch step k's prompt groups and run every instance's continuous batching from
+        `start`. Returns finish time, instance and admission time per sample; with `abort_at`,
+        busy intervals are cut there (the caller resumes what had not finished)."""
         by_prompt: dict[str, list[int]] = {}
         for s in samples:
             by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
         self._oracle = {pid: sum(v) / len(v) for pid, v in by_prompt.items()}
         n_inst = self.split.rollout // self.tp
-        plan = self.dispatcher.plan([s.prompt for s in samples],
-                                    [InstanceInfo(i, self.batch_cap) for i in range(n_inst)])
+        prompts, members = self.groups(samples, range(len(samples)))
+        plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.batch_cap) for i in range(n_inst)])
         queues: dict[int, list[int]] = {i: [] for i in range(n_inst)}
-        for req, inst in plan.order:
-            queues[inst].append(req)
+        for group, inst in plan.order:  # a prompt's samples follow it, in sample-index order
+            queues[inst] += members[group]
         finish = [0.0] * len(samples)
         instance_of = [0] * len(samples)
         admitted = [0.0] * len(samples)
@@ -264,13 +286,12 @@ class Simulation:
                 a = admitted[i]
                 done = 0 if a >= abort_at else int(s.output_length * (abort_at - a) / (finish[i] - a))
                 partial[i] = min(max(done, 0), s.output_length - 1)
-        order = sorted(partial)
         n_inst = self.split.rollout // self.tp
-        plan = self.dispatcher.plan([samples[i].prompt for i in order],
-                                    [InstanceInfo(j, self.batch_cap) for j in range(n_inst)])
+        prompts, members = self.groups(samples, list(partial))
+        plan = self.dispatcher.plan(prompts, [InstanceInfo(j, self.batch_cap) for j in range(n_inst)])
         queues: dict[int, list[int]] = {j: [] for j in range(n_inst)}
-        for req, inst in plan.order:
-            queues[inst].append(order[req])
+        for group, inst in plan.order:  # a prompt's unfinished samples stay together
+            queues[inst] += members[group]
         finish, instance_of = list(finish), list(instance_of)
         for inst, reqs in queues.items():
             if not reqs:
@@ -287,44 +308,47 @@ class Simulation:
 
     def train(self, samples: list[SimSample], finish: list[float], gen_end: float, free: float,
               bg_ready: float) -> tuple[float, float, float]:
-        """Train step on `self.split.train` devices; returns (start, end, busy seconds)."""
+        """Train step on `self.split.train` devices by the step plan; returns (start, end, busy
+        seconds of the busiest train device)."""
         t_dev = self.split.train
         cost = self.cost
-        fixed = cost.train_fixed_s(t_dev)
         k = samples[0].sample_id[0]
-        if self.sc.mode == "stream":
-            m = self.sc.cluster.micro_batches
-            n_prompts = max(s.sample_id[1] for s in samples) + 1
-            ready = [0.0] * m
-            tokens = [0] * m
-            for s, f in zip(samples, finish):
-                j = micro_batch_of(s.sample_id[1], n_prompts, m)
-                ready[j] = max(ready[j], f)
-                tokens[j] += s.output_length + s.prompt_len
-            t = start = free
-            busy = 0.0
-            first = None
-            for j in sorted(range(m), key=lambda j: (ready[j], j)):
+        mini = self.plan(samples, t_dev).minis[0]
+        # tokens forward/backward processes per micro-batch (a replayed trace's holes weigh nothing)
+        size = {s.sample_id: s.output_length + s.prompt_len for s in samples}
+        tokens = [sum([size.get(sid, 0) for sid in ids]) for ids in mini.micro]
+        stream = self.sc.kind == "stream"
+        ready: list[float] = []  # stream: when each micro-batch's last sample is in (otherwise all at gen_end)
+        if stream:
+            done = {s.sample_id: f for s, f in zip(samples, finish)}
+            ready = [max([done.get(sid, 0.0) for sid in ids]) for ids in mini.micro]
+        start, end, busiest, busy_sum = math.inf, free, 0.0, 0.0
+        for d, (lo, hi) in enumerate(mini.ranges):
+            t, busy, begun = (free, 0.0, None) if stream else (max(free, gen_end), 0.0, None)
+            # stream: its micro-batches as they complete; otherwise in index order
+            for j in sorted(range(lo, hi), key=lambda j: (ready[j], j)) if stream else range(lo, hi):
                 if tokens[j] == 0:
                     continue
-                begin = max(t, ready[j])
-                first = begin if first is None else first
-                dt = cost.train_compute_s(tokens[j], t_dev)
+                begin = max(t, ready[j]) if stream else t
+                begun = begin if begun is None else begun
+                dt = cost.train_compute_s(tokens[j], 1)
                 t = begin + dt
                 busy += dt
-                self._interval_train(k, "train_microbatch", begin, t)
-            start = first if first is not None else free
-        else:
-            start = max(gen_end, free)
-            busy = cost.train_compute_s(sum(s.output_length + s.prompt_len for s in samples), t_dev)
-            t = start + busy
-            self._interval_train(k, "train", start, t)
-        opt_start = max(t, bg_ready)
+                if stream:
+                    self._interval_train_device(d, k, "train_microbatch", begin, t)
+            if begun is not None:
+                start = min(start, begun)
+                if not stream:
+                    self._interval_train_device(d, k, "train", begun, t)
+            end, busiest, busy_sum = max(end, t), max(busiest, busy), busy_sum + busy
+        start = min(start, end)
+        self._interval_train(k, "train", start, end, per_device=False)
+        fixed = cost.train_fixed_s(t_dev)
+        opt_start = max(end, bg_ready)
         end = opt_start + fixed
         self._interval_train(k, "optimizer_step", opt_start, end)
-        busy += fixed
-        self._busy["train"] += busy * t_dev
-        return start, end, busy
+        self._busy["train"] += busy_sum + fixed * t_dev
+        return start, end, busiest + fixed
 
     def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> Decision | None:
         if rec.resize_s > 0:
@@ -382,14 +406,21 @@ class Simulation:
         elif mode == "instance":
             self._interval(inst * self.tp, role, phase, step, start, end, devices=self.tp)
 
-    def _interval_train(self, step: int, phase: str, start: float, end: float) -> None:
+    def _interval_train(self, step: int, phase: str, start: float, end: float, per_device: bool = True) -> None:
+        """An interval of the whole train group: on every train device, or (intervals: instance)
+        one row for the group; `per_device=False` logs it only as the group's row."""
         mode = self.sc.log.intervals
         first = self.split.rollout
-        if mode == "device":
+        if mode == "device" and per_device:
             for d in range(first, first + self.split.train):
                 self._interval(d, "train", phase, step, start, end)
         elif mode == "instance":
             self._interval(first, "train", phase, step, start, end, devices=self.split.train)
+
+    def _interval_train_device(self, d: int, step: int, phase: str, start: float, end: float) -> None:
+        """Work of train device `d` (position in the train group) alone (intervals: device)."""
+        if self.sc.log.intervals == "device":
+            self._interval(self.split.rollout + d, "train", phase, step, start, end)
 
     def _account(self, rec: StepRecord) -> None:
         self._role_time["rollout"] += rec.split.rollout * rec.step_s
@@ -426,7 +457,7 @@ class Simulation:
         steps = [r.step_s for r in recs]
         idle = {role: (1.0 - self._busy[role] / self._role_time[role]) if self._role_time[role] else 0.0
                 for role in ("rollout", "train")}
-        s = Summary(self.sc.name, self.sc.mode, len(recs), total, tokens, tokens / total,
+        s = Summary(self.sc.name, self.sc.kind, len(recs), total, tokens, tokens / total,
                     statistics.fmean(steps), statistics.median(steps),
                     statistics.fmean(r.rollout_s for r in recs), statistics.fmean(r.train_s for r in recs),
                     idle, initial.as_list(), self.split.as_list(), list(self.resizes))

@@ -24,6 +24,7 @@ from typing import Literal
 
 from poise.errors import DataError
 from poise.policy.rankers import Prompt
+from poise.policy.seeds import stable_seed
 from poise.schema import check, help_factory, help_field
 
 
@@ -87,15 +88,6 @@ class SimSample:
     prompt: Prompt
     prompt_len: int
     output_length: int
-
-
-def stable_seed(*parts: object) -> int:
-    """A stable 63-bit seed from `parts` (FNV-1a of their repr; Python's hash() of a str is
-    salted per process). Every random choice of a simulation is seeded through this."""
-    h = 1469598103934665603
-    for ch in repr(parts).encode():
-        h = ((h ^ ch) * 1099511628211) & ((1 << 63) - 1)
-    return h
 
 
 _seed = stable_seed  # the name the simulator (and runtime/emulated.py) imported first

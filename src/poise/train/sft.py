@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 
 from poise.config import DataConfig, ModelConfig
+from poise.data.prompts import encode_answer, encode_prompt
 from poise.data.tasks import TaskSource, derive_seed
 from poise.data.tokenizer import CharTokenizer
 from poise.model.loading import build_tiny, save_model
 from poise.train.progress import StepProgress
-from poise.train.setup import encode_answer, encode_prompt
 
 
 def sft_loss(model: torch.nn.Module, prompts: list[list[int]], answers: list[list[int]], pad_id: int) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """The policy trainer: canonical micro-batches, per-micro-batch gradients, one exact update.
 
-A step's samples are sorted by sample id and cut into micro-batches of `micro_batch_size`
-(never by arrival order, invariant 3). Each micro-batch's gradient of its *summed* loss is
-computed on its own; the step's gradient is their fixed-order tree sum (train/reduce.py)
-divided once by the step's normaliser, so the update does not depend on how micro-batches
-were spread over devices or when they arrived.
+The step plan (poise.policy.plan) cuts a step's samples, in sample-id order, into mini-batches
+and micro-batches of `micro_batch_size` (never by arrival order, invariant 3). Each
+micro-batch's gradient of its *summed* loss is computed on its own; a mini-batch's gradient is
+their fixed-order tree sum (train/reduce.py) divided once by the plan's normaliser, so the
+update does not depend on how micro-batches were spread over devices or when they arrived.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from poise.algo.losses import grpo_loss
 from poise.config import AlgorithmConfig
+from poise.policy.plan import MicroStats, loss_normaliser, plan_step, step_stats
 from poise.train.reduce import tree_sum
 
 
@@ -36,18 +37,8 @@ class MicroBatchResult:
     kl_sum: float
     tokens: int
 
-
-def micro_batches(samples: Sequence[SampleLike], size: int) -> list[list[SampleLike]]:
-    """Canonical micro-batches: sorted by sample id, cut every `size` samples."""
-    ordered = sorted(samples, key=lambda s: tuple(s.sample_id))
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
-
-
-def mini_batches(samples: Sequence[SampleLike], count: int) -> list[list[SampleLike]]:
-    """The step's samples in sample-id order, cut into `count` equal runs of whole prompt groups."""
-    ordered = sorted(samples, key=lambda s: tuple(s.sample_id))
-    size = len(ordered) // count
-    return [ordered[i * size:(i + 1) * size] for i in range(count)]
+    def stats(self) -> MicroStats:
+        return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens)
 
 
 def pad_batch(samples: Sequence[SampleLike], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -146,21 +137,22 @@ class PolicyTrainer:
         return float(norm)
 
     def train_step(self, samples: Sequence[SampleLike], advantages: dict[tuple[int, int, int], float]) -> dict:
-        """One colocated step: per mini-batch, every micro-batch, tree sum, one optimizer update."""
+        """One colocated step by its plan: per mini-batch, every micro-batch, tree sum, one update."""
+        cfg = self.cfg
+        plan = plan_step(samples[0].sample_id[0], cfg.prompts_per_step, cfg.group_size,
+                         updates_per_step=cfg.updates_per_step, micro_batch_size=cfg.micro_batch_size)
+        by_id = {tuple(s.sample_id): s for s in samples}
+        if len(by_id) != len(samples) or by_id.keys() != set(plan.sample_ids):
+            raise RuntimeError(f"step {plan.step}: got {len(samples)} samples ({len(by_id)} distinct ids) but the "
+                               f"plan expects exactly {len(plan.sample_ids)} ids, (step, 0..{plan.prompts - 1}, "
+                               f"0..{plan.group_size - 1})")
         results, norms = [], []
-        for mini in mini_batches(samples, self.cfg.updates_per_step):
-            batch = [
-                self.micro_batch_grad(i, mb, torch.tensor([advantages[tuple(s.sample_id)] for s in mb],
-                                                          dtype=torch.float32))
-                for i, mb in enumerate(micro_batches(mini, self.cfg.micro_batch_size))
-            ]
+        for mini in plan.minis:
+            batch = [self.micro_batch_grad(i, [by_id[sid] for sid in ids],
+                                           torch.tensor([advantages[sid] for sid in ids], dtype=torch.float32))
+                     for i, ids in enumerate(mini.micro)]
             summed = tree_sum([r.grads for r in batch], lambda a, b: [x + y for x, y in zip(a, b)])
-            norms.append(self.apply_update(summed, sum(r.normaliser for r in batch)))
+            lengths = [[len(by_id[sid].token_ids) for sid in ids] for ids in mini.micro]
+            norms.append(self.apply_update(summed, loss_normaliser(lengths, cfg.loss_agg)))
             results.extend(batch)
-        tokens = max(1, sum(r.tokens for r in results))
-        return {
-            "loss": sum(r.loss_sum for r in results) / max(1e-12, sum(r.normaliser for r in results)),
-            "grad_norm": sum(norms) / len(norms),
-            "clip_frac": sum(r.clipped_tokens for r in results) / tokens,
-            "kl": sum(r.kl_sum for r in results) / tokens,
-        }
+        return step_stats([r.stats() for r in results], norms)

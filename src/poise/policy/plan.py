@@ -1,0 +1,146 @@
+"""The step plan: what one RL step trains on and how, as one pure function (DESIGN.md invariants
+3, 4 and 5). The colocated loop, the runtime's trainer group, the simulator and the emulated
+trainer all consume it; none of them cuts batches or sums normalisers on its own.
+
+    plan_step(step, prompts, group_size, ...) -> StepPlan
+        sample_ids        the exact set of ids the step needs, sorted (invariant 5)
+        weights_version   the version its samples are generated with (invariant 4)
+        minis             `updates_per_step` mini-batches of whole prompt groups, in id order
+          .micro          canonical micro-batches: the mini-batch cut every `micro_batch_size`
+                          ids, never by arrival (invariant 3)
+          .ranges         micro-batch j goes to train device d when lo_d <= j < hi_d
+                          (contiguous, so each device's part is a union of reduction subtrees)
+
+    loss_normaliser(micro_lengths, loss_agg)
+        the number a mini-batch's summed loss is divided by, summed per micro-batch
+        (micro_normaliser) and then over micro-batches, in one fixed order, whoever computes it.
+
+    step_stats(micro, grad_norms)
+        a step's loss, grad_norm, clip_frac and kl from its micro-batches' MicroStats (in index
+        order) and each update's gradient norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from poise.errors import ConfigError
+from poise.policy.pipeline import weights_version as _weights_version
+
+SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
+
+# The one definition of the micro-batching knob (`algorithm.micro_batch_size` of `poise train`,
+# `cluster.micro_batch_size` of a scenario).
+MICRO_BATCH_SIZE_HELP = ("samples per micro-batch: the step's samples in sample-id order (never arrival order) "
+                         "cut every N; each micro-batch trains on one train device (contiguous ranges), so fewer "
+                         "micro-batches than train devices leaves devices idle")
+
+
+@dataclass(frozen=True)
+class MiniBatch:
+    index: int
+    sample_ids: tuple[SampleId, ...]  # sorted
+    micro: tuple[tuple[SampleId, ...], ...]  # canonical micro-batches, in index order
+    ranges: tuple[tuple[int, int], ...]  # per train device: its contiguous [lo, hi) of micro index
+
+    def owner(self, micro_index: int) -> int:
+        """The train device (position in the train group) that computes micro-batch `micro_index`."""
+        for d, (lo, hi) in enumerate(self.ranges):
+            if lo <= micro_index < hi:
+                return d
+        raise ValueError(f"micro-batch {micro_index} outside 0..{len(self.micro) - 1}")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    step: int
+    weights_version: int
+    group_size: int
+    sample_ids: tuple[SampleId, ...]
+    minis: tuple[MiniBatch, ...]
+
+    @property
+    def prompts(self) -> int:
+        return len(self.sample_ids) // self.group_size
+
+    def group(self, sid: SampleId) -> tuple[SampleId, ...]:
+        """The ids of `sid`'s prompt group (GRPO normalises rewards within it)."""
+        return tuple((sid[0], sid[1], j) for j in range(self.group_size))
+
+    def mini_of(self, sid: SampleId) -> int:
+        return sid[1] // (self.prompts // len(self.minis))
+
+
+def contiguous_ranges(num_micro_batches: int, devices: int) -> tuple[tuple[int, int], ...]:
+    """Micro-batch ranges of `devices` train devices: as even as possible, in device order."""
+    if devices < 1:
+        raise ValueError(f"need at least one train device, got {devices}")
+    return tuple((d * num_micro_batches // devices, (d + 1) * num_micro_batches // devices) for d in range(devices))
+
+
+def plan_step(step: int, prompts: int, group_size: int, *, updates_per_step: int = 1, micro_batch_size: int = 16,
+              train_devices: int = 1, mode: str = "sync") -> StepPlan:
+    """The plan of step `step` with `prompts` prompts of `group_size` samples each.
+
+    `mode` is the pipeline kind (sync, stream or async; colocated trains like sync).
+    """
+    if prompts < 1 or group_size < 1:
+        raise ValueError(f"a step needs prompts and samples, got {prompts} prompts x {group_size}")
+    if prompts % updates_per_step:
+        raise ConfigError("updates_per_step", updates_per_step,
+                          f"must divide the step's prompts ({prompts}) so each update gets whole groups")
+    if micro_batch_size < 1:
+        raise ConfigError("micro_batch_size", micro_batch_size, "must be >= 1")
+    ids = tuple((step, i, j) for i in range(prompts) for j in range(group_size))
+    per_update = len(ids) // updates_per_step
+    minis = []
+    for u in range(updates_per_step):
+        mine = ids[u * per_update:(u + 1) * per_update]
+        micro = tuple(mine[k:k + micro_batch_size] for k in range(0, len(mine), micro_batch_size))
+        minis.append(MiniBatch(u, mine, micro, contiguous_ranges(len(micro), train_devices)))
+    version = _weights_version(step, "sync" if mode == "colocated" else mode)
+    return StepPlan(step, version, group_size, ids, tuple(minis))
+
+
+def micro_normaliser(lengths: Sequence[int], loss_agg: str) -> float:
+    """One micro-batch's normaliser: its response tokens (loss_agg token) or responses (sequence)."""
+    if loss_agg == "token":
+        return float(sum(lengths))
+    if loss_agg == "sequence":
+        return float(len(lengths))
+    raise ConfigError("loss_agg", loss_agg, "allowed: token, sequence")
+
+
+def loss_normaliser(micro_lengths: Sequence[Sequence[int]], loss_agg: str) -> float:
+    """A mini-batch's normaliser from its micro-batches' response lengths, summed in index order."""
+    return sum(micro_normaliser(lengths, loss_agg) for lengths in micro_lengths)
+
+
+@dataclass(frozen=True)
+class MicroStats:
+    """What one micro-batch's forward/backward reports for the step's statistics."""
+
+    loss_sum: float  # its summed loss (divided by the step's normaliser, never its own)
+    normaliser: float  # micro_normaliser of its samples
+    clipped_tokens: int  # response tokens whose ratio the PPO clip cut
+    kl_sum: float  # summed k3 KL to the reference over its response tokens
+    tokens: int  # its response tokens
+
+
+def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict[str, float]:
+    """A step's training statistics: the loss over the step's normaliser, the mean gradient norm of
+    its updates (before clipping), the clipped share of response tokens and the mean KL per token.
+    `micro` in micro-batch index order (mini-batch by mini-batch), so the sums are the same
+    whoever computes them."""
+    tokens = max(1, sum(m.tokens for m in micro))
+    return {
+        "loss": sum(m.loss_sum for m in micro) / max(1e-12, sum(m.normaliser for m in micro)),
+        "grad_norm": sum(grad_norms) / len(grad_norms),
+        "clip_frac": sum(m.clipped_tokens for m in micro) / tokens,
+        "kl": sum(m.kl_sum for m in micro) / tokens,
+    }
+
+
+__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "micro_normaliser",
+           "loss_normaliser", "step_stats"]

@@ -1,0 +1,151 @@
+"""The roles a device worker plays, as small Protocols with a real and an emulated implementation
+(STYLE.md rule 6: a mode is another implementation of a role, not an `if emulated:`).
+
+    RolloutEngine  continuous batching (poise.rollout.engine.Engine | runtime.emulated.EmulatedEngine)
+    TrainShard     gradients of canonical micro-batches and the exact update
+                   (runtime.train_shard.TorchTrainShard | runtime.emulated.EmulatedTrainShard)
+    WeightSync     weights trainer -> rollout (runtime.train_shard.BroadcastSync | runtime.emulated.EmulatedSync)
+
+`EngineLoop` runs a RolloutEngine on its own thread inside the actor, so generation never waits
+for the driver: requests go in with `submit`, finished samples collect in an outbox that the
+driver empties in batches with `take`. The old control plane ran engine steps only inside a poll
+RPC, so every finish stalled its engine for a driver round trip (~0.44 s a step).
+
+Torch-free: an emulated actor imports this module and never torch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Iterable, Protocol, Sequence
+
+from poise.types import Request, Sample
+
+
+class RolloutEngine(Protocol):
+    def submit(self, request: Request) -> None: ...
+
+    def step(self) -> list[Sample]: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_queued(self) -> int: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None: ...
+
+    def set_weights_version(self, version: int) -> None: ...
+
+
+class TrainShard(Protocol):
+    def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict: ...
+
+    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
+                     train_ranks: list[int]) -> dict: ...
+
+    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str: ...
+
+    def load_checkpoint(self, path: str) -> tuple[int, int]: ...
+
+    def digest(self) -> str: ...
+
+
+class WeightSync(Protocol):
+    def prewarm(self, rank_sets: list[list[int]]) -> int: ...
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
+        """Send (rank == src) or receive the weights into the engine, stamping `version`."""
+        ...
+
+
+class EngineLoop:
+    """A RolloutEngine driven by its own thread; the actor's RPC thread only hands work in and out.
+
+    At most `cap` requests are inside the engine at a time (the dispatcher's live-batch cap, e.g.
+    the long-tail instances' small batches); the rest wait here and go in as slots free up.
+    """
+
+    def __init__(self, engine: RolloutEngine, clock=time.time):
+        self.engine, self.clock = engine, clock
+        self._cv = threading.Condition()
+        self._engine_lock = threading.Lock()  # engine.step vs load_weights
+        self._pending: deque[Request] = deque()
+        self._outbox: list[Sample] = []
+        self._in_flight = 0  # submitted and not yet in the outbox; changes only under _cv
+        self._cap = 1
+        self._error: BaseException | None = None
+        self._busy_since: float | None = None
+        self._busy: list[tuple[float, float]] = []  # closed busy intervals not yet taken
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---- the actor's side ---------------------------------------------------------------
+    def submit(self, requests: Sequence[Request], cap: int) -> None:
+        with self._cv:
+            self._raise_error()
+            self._cap = max(1, cap)
+            self._pending.extend(requests)
+            self._in_flight += len(requests)
+            self._cv.notify_all()
+
+    def take(self, timeout: float) -> tuple[list[Sample], int, list[tuple[float, float]]]:
+        """Wait up to `timeout` s for finished samples (returns at once if some are in); returns them,
+        how many requests are still in flight here, and the busy intervals closed since last time."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._outbox or self._error is not None or self._in_flight == 0, timeout)
+            self._raise_error()
+            out, self._outbox = self._outbox, []
+            busy, self._busy = self._busy, []
+            return out, self._in_flight, busy
+
+    def with_engine(self, fn):
+        """Run `fn(engine)` with the loop paused between steps (weights, versions, checkpoints)."""
+        with self._engine_lock:
+            return fn(self.engine)
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+    # ---- the loop thread ----------------------------------------------------------------
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"rollout engine loop failed: {self._error!r}") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._stop or self._pending or not self.engine.idle)
+                if self._stop:
+                    return
+                room = self._cap - self.engine.num_running - self.engine.num_queued
+                admit = [self._pending.popleft() for _ in range(max(0, min(room, len(self._pending))))]
+                if self._busy_since is None:
+                    self._busy_since = self.clock()
+            try:
+                with self._engine_lock:
+                    for request in admit:
+                        self.engine.submit(request)
+                    finished = self.engine.step()
+            except BaseException as e:  # noqa: BLE001 - handed to the driver by the next take
+                with self._cv:
+                    self._error = e
+                    self._pending.clear()
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self._outbox.extend(finished)
+                self._in_flight -= len(finished)
+                if self._in_flight == 0:
+                    self._busy.append((self._busy_since, self.clock()))
+                    self._busy_since = None
+                if finished or self._busy_since is None:
+                    self._cv.notify_all()

@@ -1,0 +1,164 @@
+"""The real device roles: a torch train shard with the fixed-order reduction, and the bucketed
+weight broadcast over cached communicators. Imported only by a worker with real compute.
+
+A train shard computes the gradient of each canonical micro-batch it is given, keeps the aligned
+tree nodes of its contiguous range (train/reduce.py), gathers every train rank's nodes, combines
+them in the one fixed tree order and takes the same optimizer step as every other train rank —
+so the update is the colocated loop's, bit for bit, for any number of train devices.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from poise.train.reduce import aligned_nodes, combine, node_sum
+from poise.train.trainer import PolicyTrainer
+
+
+class CommunicatorCache:
+    """torch.distributed groups keyed by frozenset(ranks), each created once (DynaResize §3.2).
+
+    `dist.new_group` is collective over the whole world: every worker must call `get` for the
+    same rank sets in the same order, which `DeviceWorker.prewarm_groups` guarantees.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[frozenset[int], object] = {}
+
+    def get(self, ranks: list[int] | tuple[int, ...]):
+        key = frozenset(ranks)
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(sorted(key))
+        return self._groups[key]
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every named parameter's name and bytes: equal digests, equal weights."""
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class TorchTrainShard:
+    def __init__(self, rank: int, trainer: PolicyTrainer, comm: CommunicatorCache, bitwise: bool,
+                 device: torch.device, on_version) -> None:
+        self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
+        self.on_version = on_version  # the worker stamps restored versions on its engine
+        self._grads: dict[int, torch.Tensor] = {}  # micro-batch index -> flat gradient
+
+    def train_micro_batch(self, index: int, samples, advantages) -> dict:
+        start = time.time()
+        result = self.trainer.micro_batch_grad(index, samples, torch.tensor(advantages, dtype=torch.float32))
+        self._grads[index] = torch.cat([g.reshape(-1) for g in result.grads])
+        return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
+                "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
+                "start": start, "end": time.time(), "device": self.rank}
+
+    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
+                     train_ranks: list[int]) -> dict:
+        """Reduce the mini-batch's micro-batch gradients over the train ranks and take one step.
+
+        bitwise: this rank's aligned tree nodes over [lo, hi) are all-gathered and combined in the
+        fixed tree order; semantic: a local sum and an ordinary all-reduce.
+        """
+        start = time.time()
+        if set(self._grads) != set(range(lo, hi)):
+            raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
+                               f"got {sorted(self._grads)}")
+        group = self.comm.get(train_ranks)
+        params = self.trainer.params
+        numel = sum(p.numel() for p in params)
+        if self.bitwise:
+            nodes = aligned_nodes(lo, hi, num_micro_batches) if hi > lo else []
+            local = [node_sum(n, num_micro_batches, self._grads.__getitem__, torch.add) for n in nodes]
+            most = max(1, (num_micro_batches - 1).bit_length() * 2 + 2)
+            buf = torch.zeros(most, numel + 2, dtype=torch.float32, device=self.device)
+            buf[:, 0] = -1  # empty row marker
+            for i, ((level, index), value) in enumerate(zip(nodes, local)):
+                buf[i, 0], buf[i, 1], buf[i, 2:] = level, index, value
+            gathered = [torch.empty_like(buf) for _ in train_ranks]
+            dist.all_gather(gathered, buf, group=group)
+            table = {(int(row[0]), int(row[1])): row[2:] for part in gathered for row in part if row[0] >= 0}
+            total = combine(table, num_micro_batches, torch.add)
+        else:
+            total = torch.zeros(numel, dtype=torch.float32, device=self.device)
+            for index in sorted(self._grads):
+                total += self._grads[index]
+            dist.all_reduce(total, group=group)
+        grads, offset = [], 0
+        for p in params:
+            grads.append(total[offset:offset + p.numel()].view_as(p).clone())
+            offset += p.numel()
+        norm = self.trainer.apply_update(grads, normaliser)
+        self._grads.clear()
+        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank}
+
+    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
+        """Write this replica's weights, optimizer and RNG (the colocated loop's format)."""
+        return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version)))
+
+    def load_checkpoint(self, path: str) -> tuple[int, int]:
+        state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer)
+        self.on_version(state.weights_version)
+        return state.step, state.weights_version
+
+    def digest(self) -> str:
+        return weights_digest(self.trainer.model)
+
+
+class BroadcastSync:
+    """Bucketed broadcast from train rank `src` to every rank of `ranks` over a cached group.
+
+    Receivers load the buckets into their engine by name (`Engine.load_weights`), so the engine
+    validates them and stamps `version` on every later sample.
+    """
+
+    def __init__(self, rank: int, model: torch.nn.Module, comm: CommunicatorCache, device: torch.device,
+                 engine_call) -> None:
+        self.rank, self.model, self.comm, self.device = rank, model, comm, device
+        self.engine_call = engine_call  # runs fn(engine) with the engine loop paused
+
+    def prewarm(self, rank_sets: list[list[int]]) -> int:
+        for ranks in rank_sets:
+            self.comm.get(ranks)
+        return len(self.comm)
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
+        start = time.time()
+        group = self.comm.get(ranks)
+        named = list(self.model.named_parameters())
+        limit = max(1, int(bucket_mb * 2**20) // 4)
+        received: list[tuple[str, torch.Tensor]] = []
+        first = 0
+        while first < len(named):
+            last, size = first, 0
+            while last < len(named) and (size == 0 or size + named[last][1].numel() <= limit):
+                size += named[last][1].numel()
+                last += 1
+            if self.rank == src:
+                flat = torch.cat([p.detach().reshape(-1) for _, p in named[first:last]])
+            else:
+                flat = torch.empty(size, dtype=named[first][1].dtype, device=self.device)
+            dist.broadcast(flat, src=src, group=group)
+            if self.rank != src:
+                offset = 0
+                for name, p in named[first:last]:
+                    received.append((name, flat[offset:offset + p.numel()].view_as(p)))
+                    offset += p.numel()
+            first = last
+        if self.rank != src:
+            self.engine_call(lambda engine: engine.load_weights(received, version))
+        else:  # the leader's engine shares its weights
+            self.engine_call(lambda engine: engine.set_weights_version(version))
+        return time.time() - start

@@ -1,0 +1,35 @@
+"""The step plan (policy/plan.py): the one statement of what a step trains on and how."""
+
+from __future__ import annotations
+
+import pytest
+
+from poise.errors import ConfigError
+from poise.policy.plan import MicroStats, loss_normaliser, plan_step, step_stats
+
+
+def test_plan_cuts_by_sample_id_and_spreads_contiguous_ranges_by_hand():
+    plan = plan_step(3, 3, 2, micro_batch_size=4, train_devices=2, mode="async")
+    assert plan.weights_version == 2 and plan.prompts == 3
+    assert plan.sample_ids == ((3, 0, 0), (3, 0, 1), (3, 1, 0), (3, 1, 1), (3, 2, 0), (3, 2, 1))
+    (mini,) = plan.minis
+    assert mini.micro == (((3, 0, 0), (3, 0, 1), (3, 1, 0), (3, 1, 1)), ((3, 2, 0), (3, 2, 1)))
+    assert mini.ranges == ((0, 1), (1, 2)) and [mini.owner(j) for j in (0, 1)] == [0, 1]
+    # more devices than micro-batches: the extra ones get empty ranges (and idle)
+    assert plan_step(0, 3, 2, micro_batch_size=4, train_devices=3).minis[0].ranges == ((0, 0), (0, 1), (1, 2))
+    two = plan_step(0, 4, 2, updates_per_step=2, micro_batch_size=3)
+    assert [m.sample_ids[0] for m in two.minis] == [(0, 0, 0), (0, 2, 0)]
+    assert [len(m.micro) for m in two.minis] == [2, 2] and two.mini_of((0, 3, 1)) == 1
+    with pytest.raises(ConfigError, match="updates_per_step"):
+        plan_step(0, 3, 2, updates_per_step=2)
+
+
+def test_normaliser_and_step_stats_by_hand():
+    assert loss_normaliser([[3, 5], [2]], "token") == 10.0
+    assert loss_normaliser([[3, 5], [2]], "sequence") == 3.0
+    with pytest.raises(ConfigError, match="loss_agg"):
+        loss_normaliser([[1]], "mean")
+    micro = [MicroStats(loss_sum=2.0, normaliser=8.0, clipped_tokens=2, kl_sum=0.4, tokens=8),
+             MicroStats(loss_sum=1.0, normaliser=2.0, clipped_tokens=0, kl_sum=0.1, tokens=2)]
+    assert step_stats(micro, [0.5, 1.5]) == pytest.approx({"loss": 0.3, "grad_norm": 1.0, "clip_frac": 0.2,
+                                                           "kl": 0.05})
