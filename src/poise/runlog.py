@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import queue
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -27,28 +29,69 @@ def _clean(value: Any) -> Any:
 
 
 class RunLog:
-    """Appends events and per-step metrics to a run directory as JSON lines."""
+    """Appends events and per-step metrics to a run directory as JSON lines.
 
-    def __init__(self, run_dir: str | Path, append: bool = False):
+    `background=True` (the Ray driver) formats and writes on a thread of its own, so a step's
+    hundreds of sample events cost the step loop a queue put each, not a JSON encoding; `close`
+    (or leaving the `with` block, also on an error) writes everything still queued.
+    """
+
+    def __init__(self, run_dir: str | Path, append: bool = False, background: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         mode = "a" if append else "w"
         self._events = open(self.run_dir / "events.jsonl", mode)
         self._metrics = open(self.run_dir / "metrics.jsonl", mode)
+        self._queue: queue.SimpleQueue | None = None
+        self._error: BaseException | None = None
+        if background:
+            self._queue = queue.SimpleQueue()
+            self._writer = threading.Thread(target=self._drain, name="runlog", daemon=True)
+            self._writer.start()
 
     def event(self, kind: str, t: float, **fields: Any) -> None:
         if kind not in EVENT_KINDS:
             raise ValueError(f"unknown event kind {kind!r}; expected one of {EVENT_KINDS}")
-        self._events.write(json.dumps(_clean({"t": round(t, 6), "kind": kind, **fields})) + "\n")
+        line = {"t": round(t, 6), "kind": kind, **fields}
+        if self._queue is not None:
+            self._queue.put((self._events, line))
+        else:
+            self._events.write(json.dumps(_clean(line)) + "\n")
 
     def metrics(self, row: dict[str, Any]) -> None:
+        if self._queue is not None:
+            self._queue.put((self._metrics, row))
+            return
+        self._write_metrics(row)
+
+    def _write_metrics(self, row: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(_clean(row)) + "\n")
         self._metrics.flush()
         self._events.flush()
 
+    def _drain(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                target, line = item
+                if target is self._metrics:
+                    self._write_metrics(line)
+                else:
+                    target.write(json.dumps(_clean(line)) + "\n")
+            except BaseException as e:  # noqa: BLE001 - raised by close()
+                self._error = self._error or e
+
     def close(self) -> None:
+        if self._queue is not None:
+            self._queue.put(None)
+            self._writer.join()
+            self._queue = None
         self._events.close()
         self._metrics.close()
+        if self._error is not None:
+            raise self._error
 
     def __enter__(self) -> "RunLog":
         return self

@@ -132,11 +132,13 @@ class Driver:
                 problems = self.source.problems(step)
                 self.rt.trainer.start_step(plan)
                 if self.kind == "async":  # train on step k (generated last step) while generating k+1
-                    scored = self.generated.pop(step, None) or self.generate(step, problems, stream_to_trainer=False)
+                    scored = self.generated.pop(step, None) or self.generate(step, problems)
+                    ahead = self.source.problems(step + 1) if step + 1 < cfg.run.steps else None
+                    if ahead:
+                        self.start_generation(step + 1, ahead)  # with weights k, while k trains
                     self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
-                    if step + 1 < cfg.run.steps:
-                        self.generated[step + 1] = self.generate(step + 1, self.source.problems(step + 1),
-                                                                 stream_to_trainer=False)
+                    if ahead:
+                        self.generated[step + 1] = self.collect(ahead)
                 else:  # each sample goes to the trainer the moment it is scored
                     scored = self.generate(step, problems, stream_to_trainer=True)
                 t_gen = self.now()
@@ -159,9 +161,17 @@ class Driver:
         return plan_step(step, a.prompts_per_step, a.group_size, updates_per_step=a.updates_per_step,
                          micro_batch_size=a.micro_batch_size, train_devices=len(self.rt.train_ranks), mode=self.kind)
 
-    def generate(self, step: int, problems: list[Problem], stream_to_trainer: bool) -> list[tuple[Sample, float]]:
-        """Dispatch step `step`'s prompt groups and score every sample as its batch arrives."""
+    def generate(self, step: int, problems: list[Problem], stream_to_trainer: bool = False
+                 ) -> list[tuple[Sample, float]]:
+        self.start_generation(step, problems)
+        return self.collect(problems, stream_to_trainer)
+
+    def start_generation(self, step: int, problems: list[Problem]) -> None:
+        """Dispatch step `step`'s prompt groups over the rollout instances."""
         self.rt.service.start_step(step, problems, [self.source.prompt_ids(p) for p in problems])
+
+    def collect(self, problems: list[Problem], stream_to_trainer: bool = False) -> list[tuple[Sample, float]]:
+        """Score every sample of the step in generation as its batch arrives (and train on it)."""
         scored: list[tuple[Sample, float]] = []
         for batch in self.rt.service.stream():
             part = [(s, self.source.score(problems[s.sample_id[1]], s)) for s in batch]
@@ -283,7 +293,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])
             driver.start_step, driver.version = states[0]
             truncate_metrics(run_dir, driver.start_step)
-        with RunLog(run_dir, append=resume) as log:
+        with RunLog(run_dir, append=resume, background=True) as log:
             return driver.run(log)
     finally:
         runtime.shutdown()

@@ -34,8 +34,9 @@ Departures, each on purpose:
   worker join a torch.distributed world (a 16-64 process rendezvous) for no information. The
   weights version still travels with the sync call and is stamped on every later sample, and an
   engine with sequences in flight refuses it, as the real one does.
-- Samples carry their real token count (zeros) and prompt ids but no logprobs: the trainer side
-  needs only the counts, and the payload stays the size of the token ids a real engine ships.
+- Samples carry their real token count (zeros, as one int32 buffer) and prompt ids but no
+  logprobs: the trainer side needs only the counts, and the payload stays the size of the token
+  ids a real engine ships (4 bytes a token).
 - Rewards are a deterministic coin per sample id (the scenario has no task to score), so group
   advantages, the ledger and the metrics run on real numbers.
 """
@@ -43,6 +44,7 @@ Departures, each on purpose:
 from __future__ import annotations
 
 import dataclasses
+from array import array
 import random
 import time
 from collections import deque
@@ -97,6 +99,12 @@ class _Live:
     submit_time: float
 
 
+def _zeros(n: int) -> array:
+    """n token ids (all 0) as one int32 buffer: what an engine ships per sample, pickled as 4n
+    bytes instead of n Python ints (a reasoning workload's samples run to thousands of tokens)."""
+    return array("i", bytes(4 * n))
+
+
 class EmulatedEngine:
     """The part of `poise.rollout.engine.Engine` that DeviceWorker uses, with sleeps for compute.
 
@@ -115,6 +123,10 @@ class EmulatedEngine:
         self._batch = ContinuousBatch(cost, num_slots)
         self._live: dict[int, _Live] = {}  # admission number -> sequence
         self._admitted = 0
+        # While busy, the engine keeps a schedule: each segment ends `cost x scale` after the last
+        # one did, not after the OS woke us up, so wake-up latency (ms on a loaded host, dozens of
+        # finishes a step) is not charged to the control plane. An idle engine starts afresh.
+        self._deadline: float | None = None
 
     def submit(self, request: Request) -> None:
         self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), self._now()))
@@ -142,10 +154,17 @@ class EmulatedEngine:
         if not self._live:
             return []
         decode, done = self._batch.advance()
-        self._sleep(prefill + decode)
+        if self._deadline is None:
+            self._deadline = self._now()
+        self._deadline += (prefill + decode) * self.scale
+        wait = self._deadline - self._now()
+        if wait > 0:
+            self._sleep_fn(wait)
         now = self._now()
         finished = [self._live.pop(key) for key in done]
-        return [Sample(tuple(s.request.sample_id), tuple(s.request.prompt_ids), (0,) * s.length, (), "length",
+        if self.idle:
+            self._deadline = None
+        return [Sample(tuple(s.request.sample_id), s.request.prompt_ids, _zeros(s.length), (), "length",
                        self.version, s.submit_time, now, s.length) for s in finished]
 
     def load_weights(self, named_tensors, version: int) -> None:
@@ -157,11 +176,6 @@ class EmulatedEngine:
 
     def set_weights_version(self, version: int) -> None:
         self.load_weights((), version)
-
-    def _sleep(self, model_seconds: float) -> None:
-        wall = model_seconds * self.scale
-        if wall > 0:
-            self._sleep_fn(wall)
 
 
 class EmulatedTrainShard:
@@ -347,7 +361,7 @@ class Emulation:
 
     def prompt_ids(self, problem: Problem) -> tuple[int, ...]:
         """A prompt of the scenario's length: the engine prefills and holds that many tokens."""
-        return (0,) * self.prompts[problem.uid].tokens
+        return _zeros(self.prompts[problem.uid].tokens)
 
     def score(self, problem: Problem, sample: Sample) -> float:
         # a Random per id: the FNV seed's low bit is a parity of the id's characters, not a coin

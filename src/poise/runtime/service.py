@@ -49,10 +49,14 @@ class StreamGenerationService:
         for prompt_index, instance_id in plan.order:
             self._prompts[(step, prompt_index)] = prompts[prompt_index]
             for j in range(self.group_size):
-                queues[instance_id].append(Request((step, prompt_index, j), tuple(prompt_ids[prompt_index])))
+                queues[instance_id].append(Request((step, prompt_index, j), prompt_ids[prompt_index]))
                 self.instance_of[(step, prompt_index, j)] = self.instances[instance_id].device
         caps = [max(1, min(self.num_slots, plan.batch_caps.get(i, self.num_slots))) for i in range(len(queues))]
-        ray.get([inst.worker.submit.remote(q, cap) for inst, q, cap in zip(self.instances, queues, caps) if q])
+        # not awaited: an actor runs one caller's calls in order, so every `take` comes after its
+        # `submit`, and a failed submit surfaces there
+        for inst, q, cap in zip(self.instances, queues, caps):
+            if q:
+                inst.worker.submit.remote(q, cap)
         for inst, q in zip(self.instances, queues):
             inst.in_flight = len(q)
         self._step = step

@@ -69,17 +69,26 @@ class TrainerGroup:
         self.rewards: dict[SampleId, float] = {}
         self.advantages: dict[SampleId, float] = {}
         self.dispatched: list[set[int]] = [set() for _ in plan.minis]
+        self.micro_of = {sid: (mini.index, j) for mini in plan.minis for j, ids in enumerate(mini.micro) for sid in ids}
+        self.staged: dict[tuple[int, int], object] = {}  # (mini, micro) -> ObjectRef of its samples
         self.next_mini = 0
         self.micro_refs: list = []
         self.update_refs: list = []
         return self.ledger
 
     def feed(self, scored: Sequence[tuple[Sample, float]]) -> None:
-        """Accept finished samples with their rewards; start every micro-batch that became ready."""
+        """Accept finished samples with their rewards; start every micro-batch that became ready.
+
+        A micro-batch's samples go into the object store as soon as they are all in, whatever the
+        pipeline: the call that starts it later carries a reference, not megabytes of tokens."""
         for sample, reward in scored:
             self.ledger.add(sample)
             sid = tuple(sample.sample_id)
             self.rewards[sid] = reward
+            u, j = self.micro_of[sid]
+            ids = self.plan.minis[u].micro[j]
+            if all(i in self.ledger.arrived for i in ids):
+                self.staged[(u, j)] = ray.put([self.ledger.arrived[i] for i in ids])
             group = self.plan.group(sid)
             if all(g in self.rewards for g in group):
                 # a [1, G] table: the colocated loop's rows, computed the same way
@@ -95,9 +104,8 @@ class TrainerGroup:
             for j, ids in enumerate(mini.micro):
                 if j in done or not all(i in self.advantages for i in ids):
                     continue
-                samples = [self.ledger.arrived[i] for i in ids]
                 self.micro_refs.append(((mini.index, j), self.workers[mini.owner(j)].train_micro_batch.remote(
-                    j, samples, [self.advantages[i] for i in ids])))
+                    j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in ids])))
                 done.add(j)
             if len(done) < len(mini.micro):
                 return
