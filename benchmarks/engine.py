@@ -54,10 +54,11 @@ from pathlib import Path
 import torch
 
 from poise.model.loading import TinyModelConfig, build_tiny
-from poise.rollout.engine import Engine, EngineConfig, Request
+from poise.rollout.engine import Engine, EngineConfig
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
 from poise.rollout.sampling import SamplingConfig
+from poise.types import Request
 
 VOCAB = 60  # the char tokenizer's vocabulary size
 

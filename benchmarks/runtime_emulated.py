@@ -10,11 +10,11 @@ and batch cap the simulator's allocator picks for that mode, three numbers of mo
   sim       `poise simulate`: the simulator's prediction for the scenario.
   replay    the runtime's own schedule priced by the same cost model with zero control-plane cost:
             each prompt's G samples on one instance in dispatch order, continuous batching under
-            the instance's cap (policy.cost kernel), canonical micro-batches of
-            algorithm.micro_batch_size on one train device each (contiguous ranges), started as
-            soon as ready (streaming) or when the batch is in; the update after each device's
-            last micro-batch; then the weight sync. It differs from `sim` only where the
-            runtime's structure differs from the simulator's model (see the notes printed).
+            the instance's cap (policy.cost kernel), the step plan's micro-batches on their owner
+            train devices (policy.plan), started as soon as ready (streaming) or when the batch
+            is in; the update after each device's last micro-batch; then the weight sync. The
+            simulator models the same structure (prompt groups, the step plan), so replay and
+            sim differ only in how the driver loop overlaps steps.
   measured  the emulated run: real actors, RPCs, dispatch, streaming, ledger and sync, compute
             slept. Control-plane overhead = measured / replay - 1 (what the real control plane
             adds to the same sleeps, in the same structure).
@@ -35,25 +35,27 @@ from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.policy.cost import instance_finish_times
 from poise.policy.dispatch import InstanceInfo
+from poise.policy.plan import plan_step
 from poise.policy.rankers import Finished, Prompt
 from poise.runtime.driver import train_disaggregated
 from poise.runtime.emulated import Emulation
-from poise.runtime.trainer_group import contiguous_ranges
 from poise.sim import load_scenario
 from poise.sim.driver import Simulation
-
-MODES = {"sync": ["pipeline.mode=sync", "pipeline.streaming=false"],
-         "stream": ["pipeline.mode=sync", "pipeline.streaming=true"],
-         "async": ["pipeline.mode=async"]}
+from poise.sim.scenario import pipeline_overrides
 
 
-def train_config(args, mode: str, split, batch_cap: int, micro_batch_size: int):
+def train_config(args, mode: str, sc, split, batch_cap: int):
+    """The emulated run of scenario `sc` as simulated: its split, batch cap, micro-batches and dispatch."""
+    d = sc.dispatch
     return load_train_config(None, [
         "run.progress=false", f"run.steps={args.warmup + args.steps}", f"run.dir=runs/bench-emulated-{mode}",
-        "run.overwrite=true", "run.checkpoint_every=0", "cluster.compute=emulated",
+        "run.overwrite=true", "run.checkpoint_every=0", f"run.seed={sc.seed}", "cluster.compute=emulated",
         f"cluster.devices={args.devices}", f"cluster.split=[{split.rollout},{split.train}]",
-        f"rollout.num_slots={batch_cap}", f"algorithm.micro_batch_size={micro_batch_size}",
-        f"emulation.scenario={args.scenario}", f"emulation.time_scale={args.time_scale}", *MODES[mode]])
+        f"rollout.num_slots={batch_cap}", f"algorithm.micro_batch_size={sc.cluster.micro_batch_size}",
+        f"dispatch.policy={d.policy}", f"dispatch.ranker={d.ranker}",
+        f"dispatch.long_tail_fraction={d.long_tail_fraction}", f"dispatch.tail_batch_cap={d.tail_batch_cap}",
+        f"dispatch.tail_instances={'null' if d.tail_instances is None else d.tail_instances}",
+        f"emulation.scenario={args.scenario}", f"emulation.time_scale={args.time_scale}", *pipeline_overrides(mode)])
 
 
 def replay(cfg, steps: int) -> list[dict]:
@@ -82,13 +84,14 @@ def replay(cfg, steps: int) -> list[dict]:
         em.ranker.observe([Finished(Prompt(problems[i[1]].uid), samples[i].output_length) for i in finish])
         return finish, samples
 
-    def train_time(finish: dict, samples: dict, start_all: float | None) -> float:
+    def train_time(k: int, finish: dict, samples: dict, start_all: float | None) -> float:
         """End of the step's training (from generation start; `start_all`: everything ready then)."""
-        ids = sorted(finish)
-        micro = [ids[i:i + algo.micro_batch_size] for i in range(0, len(ids), algo.micro_batch_size)]
+        mini = plan_step(k, algo.prompts_per_step, algo.group_size, micro_batch_size=algo.micro_batch_size,
+                         train_devices=train).minis[0]
+        micro = mini.micro
         ready = [start_all if start_all is not None else max(finish[i] for i in m) for m in micro]
         ends = []
-        for lo, hi in contiguous_ranges(len(micro), train):
+        for lo, hi in mini.ranges:
             t = 0.0
             for j in sorted(range(lo, hi), key=lambda j: (ready[j], j)):
                 tokens = sum(samples[i].output_length + samples[i].prompt_len for i in micro[j])
@@ -101,7 +104,7 @@ def replay(cfg, steps: int) -> list[dict]:
     for k in range(steps):
         if asynchronous:  # train step k (all in) while step k+1 generates, then sync
             finish, samples = ahead
-            trained = train_time(finish, samples, 0.0)
+            trained = train_time(k, finish, samples, 0.0)
             gen_next = 0.0
             if k + 1 < steps:
                 ahead = generate(k + 1)
@@ -110,7 +113,7 @@ def replay(cfg, steps: int) -> list[dict]:
         else:
             finish, samples = generate(k)
             gen_end = max(finish.values())
-            dur = max(gen_end, train_time(finish, samples, None if streaming else gen_end)) + sync_s
+            dur = max(gen_end, train_time(k, finish, samples, None if streaming else gen_end)) + sync_s
         gen = max(finish.values()) if not asynchronous else (gen_next if k + 1 < steps else 0.0)
         out.append({"start": t, "end": t + dur, "tokens": sum(s.output_length for s in samples.values()),
                     "rollout_s": gen})
@@ -145,13 +148,13 @@ def main() -> int:
     results = {}
     t0 = time.perf_counter()
     for mode in args.modes.split(","):
-        sc = load_scenario(args.scenario, [f"mode={mode}", f"steps={total}", f"cluster.devices={args.devices}",
-                                           "log.samples=false", "log.intervals=none"])
+        sc = load_scenario(args.scenario, [*pipeline_overrides(mode), f"steps={total}",
+                                           f"cluster.devices={args.devices}", "log.samples=false",
+                                           "log.intervals=none"])
         sim = Simulation(sc)
         sim.run()
         sim_steps = [{"start": r.train_end - r.step_s, "end": r.train_end, "tokens": r.tokens} for r in sim.records]
-        n_samples = sc.workload.prompts_per_step * sc.workload.samples_per_prompt
-        cfg = train_config(args, mode, sim.records[0].split, sim.batch_cap, n_samples // sc.cluster.micro_batches)
+        cfg = train_config(args, mode, sc, sim.records[0].split, sim.batch_cap)
         rep = replay(cfg, total)
         wall = time.perf_counter()
         train_disaggregated(cfg)

@@ -43,7 +43,7 @@ def main() -> int:
     base = load_scenario(args.scenario, extra)
     c = base.cluster
     rows = []
-    print(f"{args.scenario}: {c.devices} devices, mode {base.mode}, {base.steps} steps")
+    print(f"{args.scenario}: {c.devices} devices, mode {base.kind}, {base.steps} steps")
     print(f"{'run':<22} {'split':>9} {'total s':>9} {'tok/s':>8} {'mean step s':>11} {'resizes':>7}")
     static = {}
     for split in all_splits(c.devices, c.devices_per_instance):

@@ -18,6 +18,7 @@ import time
 from results import write_results  # benchmarks/results.py
 from poise.sim import load_scenario
 from poise.sim.driver import Simulation
+from poise.sim.scenario import pipeline_overrides
 
 QUIET = ["log.samples=false", "log.intervals=none"]
 
@@ -33,7 +34,7 @@ def main() -> int:
     print(f"{'mode':<8} {'split':>6} {'cap':>4} {'step s':>7} {'rollout s':>9} {'train s':>8} {'tok/s':>7} {'vs sync':>8}")
     base = None
     for mode in ("sync", "stream", "async"):
-        sim = Simulation(load_scenario("streamrl-pipeline", extra + [f"mode={mode}"]))
+        sim = Simulation(load_scenario("streamrl-pipeline", extra + pipeline_overrides(mode)))
         s = sim.run()
         base = base or s.tokens_per_s
         row = {"mode": mode, "split": s.initial_split, "batch_cap": sim.batch_cap, "step_s": s.step_s_mean,
