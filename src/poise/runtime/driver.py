@@ -93,9 +93,11 @@ class Runtime:
     def split(self) -> Split:
         return Split(len(self.rollout_ranks), len(self.train_ranks))
 
-    def publish_weights(self, version: int) -> float:
-        return self.service.publish_weights(self.workers[self.leader], self.leader, version,
-                                            self.cfg.rollout.weight_bucket_mb)
+    def publish_weights_refs(self, version: int) -> list:
+        """Queue weights `version` from the train leader to every rollout device behind the step's
+        last update (generation is over: the rollout devices are free to receive)."""
+        return self.service.publish_weights_refs(self.workers[self.leader], self.leader, version,
+                                                 self.cfg.rollout.weight_bucket_mb, [self.trainer.last_update_ref()])
 
     def digests(self) -> tuple[str, list[str]]:
         """The train leader's weights digest and every rollout device's."""
@@ -142,10 +144,11 @@ class Driver:
                 else:  # each sample goes to the trainer the moment it is scored
                     scored = self.generate(step, problems, stream_to_trainer=True)
                 t_gen = self.now()
+                syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
                 stats, micro, updates = self.rt.trainer.finish_step()  # train
                 t_train = self.now()
                 self.version += 1
-                sync_s = self.publish(log, step)  # weights version k+1 to every rollout device
+                sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
                 t_end = self.now()
                 self.maybe_resize(log, step, plan, scored, t_start, t_gen, t_train, t_end)
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
@@ -181,9 +184,9 @@ class Driver:
         self.rt.service.observe([s for s, _ in scored])
         return scored
 
-    def publish(self, log: RunLog, step: int) -> float:
-        """Weights version `self.version` from the train leader to every rollout device."""
-        seconds = self.rt.publish_weights(self.version)
+    def publish(self, log: RunLog, step: int, syncing: list) -> float:
+        """Wait for weights version `self.version` to reach every rollout device."""
+        seconds = max(ray.get(syncing))
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
             for device, digest in zip(self.rt.rollout_ranks, rollout):

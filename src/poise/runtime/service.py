@@ -94,9 +94,12 @@ class StreamGenerationService:
         for sid in [s for s in self.instance_of if s[0] == step]:
             del self.instance_of[sid]
 
-    def publish_weights(self, train_leader: object, leader_rank: int, version: int, bucket_mb: float) -> float:
-        """Bucketed broadcast trainer -> every rollout instance over the cached sync group."""
+    def publish_weights_refs(self, train_leader: object, leader_rank: int, version: int, bucket_mb: float,
+                             after: list) -> list:
+        """Queue the bucketed broadcast trainer -> every rollout instance over the cached sync group,
+        behind `after` (the leader's last update); returns the refs of each side's seconds."""
         ranks = [leader_rank] + [inst.device for inst in self.instances]
-        refs = [train_leader.sync_weights.remote(leader_rank, ranks, version, bucket_mb)]
-        refs += [inst.worker.sync_weights.remote(leader_rank, ranks, version, bucket_mb) for inst in self.instances]
-        return max(ray.get(refs))
+        refs = [train_leader.sync_weights.remote(leader_rank, ranks, version, bucket_mb)]  # after its update
+        refs += [inst.worker.sync_weights.remote(leader_rank, ranks, version, bucket_mb, after)
+                 for inst in self.instances]
+        return refs

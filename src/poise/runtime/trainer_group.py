@@ -112,9 +112,17 @@ class TrainerGroup:
             # every micro-batch of this mini-batch is queued: queue its update on every device
             normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
                                          self.loss_agg)
-            self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks)
+            micro = [ref for (u, _), ref in self.micro_refs if u == mini.index]
+            self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks, micro)
                                      for w, (lo, hi) in zip(self.workers, mini.ranges)])
             self.next_mini += 1
+
+    def last_update_ref(self):
+        """The train leader's (first train device's) last update of the step, once all are queued."""
+        self._dispatch_ready()
+        if self.next_mini < len(self.plan.minis):
+            raise SampleSetError(f"step {self.plan.step}: weights published before every update was queued")
+        return self.update_refs[-1][0]
 
     def finish_step(self) -> tuple[dict, list[dict], list[dict]]:
         """Wait for every micro-batch and update of the step; returns the step's training stats,

@@ -81,13 +81,22 @@ class DeviceWorker:
         return self.shard.train_micro_batch(index, samples, advantages)
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int]) -> dict:
+                     train_ranks: list[int], after: list | None = None) -> dict:
+        """One reduction + optimizer step; `after` holds every micro-batch of the mini-batch, so no
+        rank's update ends before the last micro-batch does (what the all-gather imposes)."""
+        if after:
+            ray.wait(after, num_returns=len(after))
         out = self.shard.apply_update(num_micro_batches, lo, hi, normaliser, train_ranks)
         self.version += 1
         return out
 
     # ---- weight sync ------------------------------------------------------------------------
-    def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
+    def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float, after: list | None = None
+                     ) -> float:
+        """Send or receive weights `version`; `after` holds the train leader's last update of the
+        step, so a sync can be queued before that update ends (the barrier a collective is anyway)."""
+        if after:
+            ray.wait(after, num_returns=len(after))
         seconds = self.sync.publish(src, ranks, version, bucket_mb)
         self.version = version
         return seconds
