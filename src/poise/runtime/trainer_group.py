@@ -119,6 +119,7 @@ class TrainerGroup:
 
     def last_update_ref(self):
         """The train leader's (first train device's) last update of the step, once all are queued."""
+        self.ledger.check_complete()  # a lost sample is the error to report, not a missing update
         self._dispatch_ready()
         if self.next_mini < len(self.plan.minis):
             raise SampleSetError(f"step {self.plan.step}: weights published before every update was queued")
