@@ -251,16 +251,21 @@ class Driver:
         return row
 
 
-def choose_split(cfg: TrainConfig) -> tuple[int, int]:
+def choose_split(cfg: TrainConfig, source: StepSource) -> tuple[int, int]:
     if cfg.cluster.split:
         return cfg.cluster.split[0], cfg.cluster.split[1]
     from poise.policy.allocator import StepWorkload, allocate
 
-    # A representative step: the reference answers' lengths (+EOS) of step 0's prompts.
-    source = make_prompt_source(cfg.data, cfg.run.seed)
-    problems = source.prompts_for_step(0, cfg.algorithm.prompts_per_step)
-    lengths = tuple(len(p.answer) + 1 for p in problems for _ in range(cfg.algorithm.group_size))
-    alloc = allocate(CostModel(), StepWorkload(lengths, 16), cfg.cluster.devices, cfg.pipeline.kind)
+    # A representative step: step 0's prompts, their reference answers' lengths (+EOS), and the
+    # step plan's micro-batch count.
+    a = cfg.algorithm
+    problems = source.problems(0)
+    lengths = tuple(len(p.answer) + 1 for p in problems for _ in range(a.group_size))
+    prompt_len = round(sum(len(source.prompt_ids(p)) for p in problems) / len(problems))
+    plan = plan_step(0, a.prompts_per_step, a.group_size, updates_per_step=a.updates_per_step,
+                     micro_batch_size=a.micro_batch_size)
+    alloc = allocate(CostModel(), StepWorkload(lengths, prompt_len), cfg.cluster.devices, cfg.pipeline.kind,
+                     batch_caps=(cfg.rollout.num_slots,), micro_batches=sum(len(m.micro) for m in plan.minis))
     return alloc.split.rollout, alloc.split.train
 
 
@@ -283,11 +288,11 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     else:
         _prepare_model(cfg)
     checkpoint = latest_checkpoint(run_dir) if resume else None
-    split = emulation.split() if emulation is not None else choose_split(cfg)
-    if not resume:
-        dump(cfg, run_dir / "config.yaml")
     source: StepSource = emulation if emulation is not None else \
         TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step)
+    split = emulation.split() if emulation is not None else choose_split(cfg, source)
+    if not resume:
+        dump(cfg, run_dir / "config.yaml")
     runtime = Runtime(cfg, split, source, dispatcher, emulation)
     try:
         driver = Driver(cfg, run_dir, runtime, source)
