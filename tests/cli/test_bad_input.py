@@ -4,7 +4,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 
 def poise(*args, cwd=None):

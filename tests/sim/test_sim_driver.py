@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from poise.policy.cost import CostConfig, CostModel, instance_finish_times
 from poise.runlog import read_jsonl
 from poise.schema import build
 from poise.sim import ScenarioConfig, load_scenario, simulate
