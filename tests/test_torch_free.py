@@ -10,16 +10,9 @@ import sys
 
 import pytest
 
-BLOCKER = r'''
-import importlib.abc, sys
-BLOCKED = ("torch", "transformers")
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"blocked import of {name}")
-        return None
-sys.meta_path.insert(0, Block())
-'''
+from blocker import blocker_source  # tests/blocker.py
+
+BLOCKER = blocker_source("torch", "transformers")
 
 CORE = BLOCKER + r'''
 import importlib, pkgutil

@@ -8,16 +8,9 @@ import sys
 from pathlib import Path
 
 import poise.policy
+from blocker import blocker_source  # tests/blocker.py
 
-BLOCKER = r'''
-import importlib.abc, sys
-BLOCKED = ("torch", "ray", "asyncio")
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"blocked import of {name}")
-        return None
-sys.meta_path.insert(0, Block())
+BLOCKER = blocker_source("torch", "ray", "asyncio") + r'''
 import poise.policy, poise.sim
 from poise.sim import load_scenario, simulate
 s = simulate(load_scenario("dynaresize-8xh20", ["steps=3", "log.samples=false"]))
