@@ -1,4 +1,4 @@
-"""Forward passes of an HF Llama/Qwen2 decoder against the engine's own slot KV cache.
+"""Forward passes of an HF Llama/Qwen2/Qwen3/Mistral decoder against the engine's own slot KV cache.
 
 The runner calls the model's own modules (embedding, norms, q/k/v/o projections, rotary
 embedding, MLP, lm_head), so the math is the transformers math and the parameters keep their
@@ -17,6 +17,12 @@ spend most of the attention on masked keys (torch has no varlen SDPA on CPU). So
 sorted by context length and cut into a few groups (`plan_decode_groups`), each attending only
 over its own longest context: a view of the cache where the group's slots are (nearly)
 consecutive, else a copy of just its slots' rows, which costs far less than SDPA over them.
+
+Families differ only in what the runner calls: Qwen3 RMS-normalises each head's queries and keys
+before RoPE (`q_norm`, `k_norm`); Mistral (and Qwen2/Qwen3 with every layer sliding) attends over
+a sliding window: a query at position p sees keys p - window < k <= p, as HF's
+`sliding_window_overlay`. The window is a mask over the same keys (shapes unchanged, so the
+batch-invariant tiles stay fixed-shape); it saves no compute.
 """
 
 from __future__ import annotations
@@ -29,7 +35,28 @@ import torch.nn.functional as F
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import CacheShape, KVCache
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE
+
+
+def check_model_type(model_type: object) -> None:
+    """Refuse, in one line, a model type the runner cannot run (at load time, before any rollout)."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise PoiseError(f"rollout engine supports model types {', '.join(SUPPORTED_MODEL_TYPES)}; got "
+                         f"{model_type!r}: load a checkpoint of one of these families")
+
+
+def sliding_window(config: object) -> int | None:
+    """The attention window of every layer (None: full attention); refuses a mix of layer types."""
+    if getattr(config, "model_type", None) == "mistral":  # every layer slides; Mistral ignores layer_types
+        return getattr(config, "sliding_window", None)
+    layer_types = set(getattr(config, "layer_types", None) or [])
+    if layer_types <= {"full_attention"}:
+        return None
+    if layer_types == {"sliding_attention"}:
+        return config.sliding_window
+    raise PoiseError(f"model mixes attention layer types {sorted(layer_types)}; the engine runs one type for "
+                     "all layers (in config.json set use_sliding_window: false, or max_window_layers: 0)")
 
 
 @dataclass
@@ -137,18 +164,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class DecoderRunner:
-    """Runs `model` (a transformers LlamaForCausalLM / Qwen2ForCausalLM) over a `KVCache`."""
+    """Runs `model` (a transformers Llama/Qwen2/Qwen3/Mistral ...ForCausalLM) over a `KVCache`."""
 
     def __init__(self, model: torch.nn.Module):
         config = model.config
         model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise PoiseError(f"rollout engine supports model types {SUPPORTED_MODEL_TYPES}, got {model_type!r}; "
-                             "load a Llama- or Qwen2-family checkpoint")
-        layer_types = getattr(config, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types):
-            raise PoiseError(f"model uses attention layer types {sorted(set(layer_types))}; the engine supports "
-                             "full attention only (set use_sliding_window: false)")
+        check_model_type(model_type)
+        self.window = sliding_window(config)
+        self.qk_norm = model_type in QK_NORM_MODEL_TYPES
         self.model = model
         self.decoder = model.model
         self.layers = list(self.decoder.layers)
@@ -201,6 +224,8 @@ class DecoderRunner:
             q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)
             k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
             v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            if self.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             cache.write_tokens(index, slot_ids, position_ids, k, v)  # every new token, one scatter
@@ -247,7 +272,8 @@ class DecoderRunner:
         if len(plans) == 1 and not plans[0].gather and plans[0].hi - plans[0].lo == len(slots):
             # the common case: consecutive slots in one group, no index to send
             plan = plans[0]
-            mask = self._decode_mask(plan.length, positions) if any(p != plan.length - 1 for p in pos) else None
+            lockstep = all(p == plan.length - 1 for p in pos) and not self._windowed(plan.length)
+            mask = None if lockstep else self._decode_mask(plan.length, positions)
             return [_DecodeGroup(plan.length, plan.lo, plan.hi, mask=mask)]
         reorder = len(plans) > 1
         # every index the groups need, in one host->device transfer
@@ -281,15 +307,29 @@ class DecoderRunner:
             rel = take(n) if not plan.gather and plan.hi - plan.lo > n else None
             group_pos = take(n if plan.gather else plan.hi - plan.lo)
             mask = None  # every query attends every key: lockstep rows need no mask
-            if any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None:
+            if any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None or self._windowed(plan.length):
                 mask = self._decode_mask(plan.length, group_pos)
             groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
         return groups
 
+    def _windowed(self, keys: int) -> bool:
+        """Whether the sliding window hides some of `keys` consecutive keys from a query."""
+        return self.window is not None and keys > self.window
+
     def _decode_mask(self, length: int, positions: torch.Tensor) -> torch.Tensor:
-        """[rows, 1, 1, length] bool: a row at position p attends keys 0..p of its slot."""
+        """[rows, 1, 1, length] bool: a row at position p attends keys 0..p of its slot (the last
+        `window` of them with a sliding window)."""
         key_pos = torch.arange(length, device=self.device)
-        return (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+        mask = key_pos[None, :] <= positions[:, None]
+        if self._windowed(length):
+            mask &= key_pos[None, :] > positions[:, None] - self.window
+        return mask[:, None, None, :]
+
+    def _causal_window_mask(self, length: int) -> torch.Tensor:
+        """[length, length] bool: query i attends keys i - window < j <= i."""
+        pos = torch.arange(length, device=self.device)
+        offset = pos[:, None] - pos[None, :]
+        return (offset >= 0) & (offset < self.window)
 
     def _decode_attention(self, q: torch.Tensor, cache: KVCache, layer: int,
                           groups: list[_DecodeGroup]) -> torch.Tensor:
@@ -332,6 +372,8 @@ class DecoderRunner:
         pos = torch.arange(width, device=self.device)
         valid = pos[None, :] < torch.tensor(lengths, device=self.device)[:, None]  # [segments, keys]
         mask = (pos[None, :, None] >= pos[None, None, :]) & valid[:, None, :]  # causal & real keys
+        if self._windowed(width):
+            mask &= self._causal_window_mask(width)[None]
         return index[: len(gather)], index[len(gather):], mask[:, None]
 
     def _prefill_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
@@ -345,8 +387,10 @@ class DecoderRunner:
             for length in lengths:
                 seg = slice(offset, offset + length)
                 offset += length
+                mask = self._causal_window_mask(length) if self._windowed(length) else None
                 out = F.scaled_dot_product_attention(q[seg].transpose(0, 1)[None], k[seg].transpose(0, 1)[None],
-                                                     v[seg].transpose(0, 1)[None], is_causal=True, scale=self.scale,
+                                                     v[seg].transpose(0, 1)[None], attn_mask=mask,
+                                                     is_causal=mask is None, scale=self.scale,
                                                      enable_gqa=self.group > 1)
                 outs.append(out[0].transpose(0, 1).reshape(length, self.num_heads * self.head_dim))
             return outs[0] if len(outs) == 1 else torch.cat(outs)
