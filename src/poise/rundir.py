@@ -6,6 +6,7 @@ Shared by the colocated loop and the Ray driver; torch-free.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -25,10 +26,33 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool) -> Path:
     return run_dir
 
 
-def truncate_metrics(run_dir: Path, steps_done: int) -> None:
-    """Drop metrics rows of steps after the checkpoint: they will be recomputed identically."""
-    path = run_dir / "metrics.jsonl"
-    if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r)["step"] < steps_done]
-        path.write_text("".join(r + "\n" for r in kept))
+def truncate_logs(run_dir: Path, steps_done: int) -> None:
+    """On resume: drop the metrics rows and the events of steps >= `steps_done` (they will be
+    recomputed identically and logged again), so no step or sample is logged twice. Events without
+    a `step` stay. A torn last line (a write cut short by a kill) is dropped; each file is rewritten
+    to a temporary file and renamed over the old one, so a kill here loses nothing."""
+    for name in ("metrics.jsonl", "events.jsonl"):
+        path = run_dir / name
+        if path.exists():
+            _keep_lines(path, lambda row: not (isinstance(row.get("step"), int) and row["step"] >= steps_done))
+
+
+def _keep_lines(path: Path, keep) -> None:
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(path, "rb") as src, open(tmp, "wb") as dst:
+        for number, line in enumerate(src, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if not line.endswith(b"\n"):
+                    break  # the torn last line of a killed run
+                tmp.unlink()
+                raise PoiseError(f"{path}:{number} is not JSON; repair or delete that line, then resume again") \
+                    from None
+            if not isinstance(row, dict) or keep(row):
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+        dst.flush()
+        os.fsync(dst.fileno())
+    os.replace(tmp, path)

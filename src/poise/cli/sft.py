@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or cfg.model.path
     if out is None:
         raise PoiseError("no output directory: pass --out DIR or set model.path in the config")
+    from poise.model.files import check_model_dir
+
+    check_model_dir(out)  # a file there would end in a raw FileExistsError after the whole warm start
 
     from poise.train.sft import run_sft
 

@@ -1,21 +1,25 @@
 """Build, load and save HF causal LMs. Nothing is ever downloaded: loads are local-only.
 
-The built-in tiny models use the real transformers Qwen2/Llama classes, so parameter names
-match any Qwen2/Llama checkpoint and weights move between trainer and rollout by name.
+The built-in tiny models use the real transformers Qwen2/Llama/Qwen3/Mistral classes, so
+parameter names match any checkpoint of the family and weights move between trainer and rollout
+by name. A checkpoint of a type the rollout engine cannot run is refused before its weights load.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
 from poise.config import TinyModelConfig  # torch-free; stays importable from here
 from poise.errors import PoiseError
+from poise.model.files import check_model_dir
+from poise.rollout.runner import check_model_type
 
 
 def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, bos_id: int):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size,
@@ -30,6 +34,11 @@ def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: i
         pad_token_id=pad_id,
         bos_token_id=bos_id,
     )
+    head_dim = cfg.hidden_size // cfg.num_heads  # Qwen3's default is 128, Mistral's derives like this
+    if cfg.arch == "qwen3":
+        return Qwen3Config(head_dim=head_dim, **common)
+    if cfg.arch == "mistral":
+        return MistralConfig(head_dim=head_dim, sliding_window=None, **common)  # tiny contexts: no window
     return Qwen2Config(**common) if cfg.arch == "qwen2" else LlamaConfig(**common)
 
 
@@ -52,6 +61,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
 
     hf_logging.disable_progress_bar()
     path = Path(path)
+    check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
     if not path.is_dir():
         raise PoiseError(f"model directory '{path}' does not exist; pass a local HF checkpoint "
                          "directory (config.json + *.safetensors) or run `poise sft` to make one")
@@ -60,8 +70,13 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
     if not any(path.glob("*.safetensors")):
         raise PoiseError(f"model directory '{path}' has no *.safetensors weights; save with safe_serialization")
     try:
+        model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise PoiseError(f"cannot read '{path / 'config.json'}': {str(e).splitlines()[0]}") from None
+    check_model_type(model_type)
+    try:
         return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype,
-                                                    attn_implementation="sdpa")
+                                                    attn_implementation="sdpa", use_safetensors=True)
     except (OSError, ValueError) as e:
         raise PoiseError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
 

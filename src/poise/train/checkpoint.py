@@ -2,13 +2,28 @@
 
 RUN_DIR/checkpoints/step_XXXXXX/ holds `config.json` + `model.safetensors` (loadable by
 transformers), `optimizer.safetensors` (AdamW moments by parameter name) and `state.json`
-(completed steps = data cursor, weights version, torch RNG). Nothing time- or path-dependent is
-written, so two runs with the same seed write byte-identical checkpoints.
+(completed steps = data cursor, weights version, torch RNG, and the sizes of the other three
+files). Nothing time- or path-dependent is written, so two runs with the same seed write
+byte-identical checkpoints.
+
+Durable (issue 11): a checkpoint is written into `checkpoints/.tmp-step_XXXXXX-<pid>/`, every file
+and the directory are fsynced, and only then is it renamed to `step_XXXXXX`; the `latest` marker
+is replaced atomically the same way. A kill at any moment leaves the previous checkpoints intact
+and at most a `.tmp-*` entry, which resume ignores and the next save removes. Resume takes the
+newest `step_*` directory that verifies (`latest_checkpoint`), warning about each torn one it
+skips; the marker is for people and tools, and one that names a path outside `checkpoints/` is
+refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +31,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from poise.errors import PoiseError
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
+MARKER = "latest"
+PARTIAL_PREFIX = ".tmp-"  # an unfinished save (or deletion): never a checkpoint
+STEP_DIR = re.compile(r"step_(\d{6,})")
+# Test hook, read only by the crash tests (tests/train/test_checkpoint_durable.py):
+# POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> SIGKILLs this process right after
+# that file of the checkpoint of step <step> is written (before the checkpoint is complete).
+KILL_AT_ENV = "POISE_TEST_KILL_AT"
 
 
 @dataclass(frozen=True)
@@ -30,31 +54,102 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainState) -> Path:
-    path = checkpoint_dir(run_dir, state.step)
-    path.mkdir(parents=True, exist_ok=True)
+    """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
+    `latest` at it. Tensors are written as they are (no device-side copies)."""
     from poise.model.loading import save_hf_weights
 
-    save_hf_weights(model, path)
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    remove_partial(root)  # what a killed save or deletion left
+    path = checkpoint_dir(run_dir, state.step)
+    tmp = root / f"{PARTIAL_PREFIX}{path.name}-{os.getpid()}"
+    tmp.mkdir()
+    save_hf_weights(model, tmp)
+    _test_kill("model", state.step)
     names = {p: n for n, p in model.named_parameters()}
     tensors = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
-                tensors[f"{names[p]}::{key}"] = torch.as_tensor(value).detach().clone().contiguous()
-    save_file(tensors, str(path / "optimizer.safetensors"), metadata={"format": "pt"})
+                # no clone: Adam's moments are contiguous already, so this holds no second copy
+                tensors[f"{names[p]}::{key}"] = torch.as_tensor(value).detach().contiguous()
+    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
+    del tensors
+    _test_kill("optimizer", state.step)
+    sizes = {name: (tmp / name).stat().st_size for name in CHECKPOINT_FILES[:-1]}
     rng = torch.get_rng_state().tolist()
-    (path / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
-                                                 "torch_rng": rng}) + "\n")
-    (Path(run_dir) / "checkpoints" / "latest").write_text(path.name + "\n")
+    (tmp / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
+                                                "torch_rng": rng, "files": sizes}) + "\n")
+    _test_kill("state", state.step)
+    for name in CHECKPOINT_FILES:
+        _fsync(tmp / name)
+    _fsync(tmp)
+    if path.exists():  # a torn or older save of this step, past the checkpoint a resume started from
+        _discard(path)
+    os.rename(tmp, path)
+    _fsync(root)
+    _write_marker(root, path.name, state.step)
     return path
 
 
+def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` step_* directories (keep 0: delete nothing); returns those
+    deleted. Called after a successful save, so the newest checkpoint is never one of them."""
+    if keep <= 0:
+        return []
+    old = _step_dirs(Path(run_dir) / "checkpoints")[keep:]
+    for path in old:
+        _discard(path)
+    return old
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    marker = Path(run_dir) / "checkpoints" / "latest"
-    if not marker.is_file():
-        raise PoiseError(f"no checkpoint in '{run_dir}' to resume from; "
-                         "start a fresh run (drop --resume) or point --resume at a run directory")
-    return Path(run_dir) / "checkpoints" / marker.read_text().strip()
+    """The newest complete checkpoint of a run: the newest step_* directory that verifies.
+
+    Torn ones (a save cut short on a filesystem that lost data, a file truncated by hand) are
+    skipped with a one-line warning each; an empty, torn or missing `latest` marker only costs the
+    scan. A marker naming anything outside `checkpoints/` is refused.
+    """
+    root = Path(run_dir) / "checkpoints"
+    _check_marker(root)
+    skipped = []
+    for path in _step_dirs(root):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            for name, why in skipped:
+                print(f"poise: warning: checkpoint {name} is incomplete ({why}); resuming from {path.name}",
+                      file=sys.stderr)
+            return path
+        skipped.append((path.name, problem))
+    found = "; ".join(f"{name}: {why}" for name, why in skipped) or "none saved"
+    raise PoiseError(f"no complete checkpoint in '{root}' to resume from ({found}); "
+                     "start a fresh run (drop --resume, or set run.overwrite=true)")
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """None if checkpoint `path` is complete, else what is wrong with it, in a few words.
+
+    Cheap but real: state.json parses and names this step, config.json parses, and each
+    safetensors file's header parses, covers the file exactly and has the size state.json records.
+    """
+    try:
+        meta = json.loads((path / "state.json").read_text())
+        step = int(STEP_DIR.fullmatch(path.name).group(1))
+        if not isinstance(meta, dict) or meta.get("step") != step or "torch_rng" not in meta:
+            return "state.json does not describe this step"
+        json.loads((path / "config.json").read_text())
+        sizes = meta.get("files", {})  # absent in checkpoints from before issue 11
+        for name in CHECKPOINT_FILES[:-1]:
+            size = (path / name).stat().st_size
+            if name in sizes and sizes[name] != size:
+                return f"{name} has {size} bytes, state.json says {sizes[name]}"
+            if name.endswith(".safetensors"):
+                _check_safetensors(path / name, size)
+    except FileNotFoundError as e:
+        return f"{Path(e.filename).name} is missing"
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return None
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
@@ -76,3 +171,86 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     meta = json.loads((path / "state.json").read_text())
     torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
     return TrainState(step=meta["step"], weights_version=meta["weights_version"])
+
+
+# --- the durable-write pieces ----------------------------------------------------------------
+def remove_partial(root: Path) -> None:
+    """Remove what killed saves and deletions left (`.tmp-*`): only one process saves a run."""
+    for entry in root.glob(f"{PARTIAL_PREFIX}*"):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """step_* directories, newest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory so that a kill halfway leaves a `.tmp-*` entry, not a torn step_* one."""
+    trash = path.parent / f"{PARTIAL_PREFIX}deleted-{path.name}-{os.getpid()}"
+    os.rename(path, trash)
+    shutil.rmtree(trash)
+
+
+def _write_marker(root: Path, name: str, step: int) -> None:
+    tmp = root / f"{PARTIAL_PREFIX}{MARKER}-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(name + "\n")
+        f.flush()
+        _test_kill("marker", step)
+        os.fsync(f.fileno())
+    os.replace(tmp, root / MARKER)
+    _fsync(root)
+
+
+def _check_marker(root: Path) -> None:
+    """Refuse a `latest` marker that names anything but an entry of `checkpoints/` itself."""
+    marker = root / MARKER
+    try:
+        name = marker.read_text().strip()
+    except (OSError, ValueError):  # missing, unreadable, not text: the scan finds the checkpoint without it
+        return
+    if "\0" in name:
+        return  # zero-filled: what a crash can leave of a file whose size was written but not its data
+    try:
+        outside = (Path(name).is_absolute() or Path(name).name != name
+                   or (root / name).resolve().parent != root.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        outside = True
+    if name and outside:
+        raise PoiseError(f"'{marker}' names {name!r}, outside '{root}'; it must name a step_XXXXXX directory "
+                         "there: delete the file (resume finds the newest checkpoint without it)")
+
+
+def _check_safetensors(path: Path, size: int) -> None:
+    """The header parses and its tensors end exactly at the end of the file."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path.name} is truncated")
+        n = struct.unpack("<Q", head)[0]
+        if n > min(size - 8, 100_000_000):  # safetensors' own limit on a header
+            raise ValueError(f"{path.name} is truncated or not safetensors")
+        header = json.loads(f.read(n))
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end != size:
+        raise ValueError(f"{path.name} has {size} bytes, its header describes {8 + n + end}")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _test_kill(write: str, step: int) -> None:
+    if os.environ.get(KILL_AT_ENV) == f"{write}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
