@@ -15,7 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENT_KINDS = ("interval", "sample", "step", "decision", "resize", "sync")  # sync: run.verify_sync digests
+from poise.errors import PoiseError
+
+EVENT_KINDS = ("interval", "sample", "step", "decision", "resize", "sync",  # sync: run.verify_sync digests
+               "reward_failure")  # a reward function failed on a sample: scored by reward.fallback
 
 
 def _clean(value: Any) -> Any:
@@ -28,17 +31,57 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def scalars(row: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every finite number of a metrics row, nested keys joined by '/' (phases/rollout_s,
+    reward/math), except the step itself."""
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from scalars(value, name + "/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step":
+            if math.isfinite(value):
+                yield name, float(value)
+
+
+class TensorBoardSink:
+    """Each metrics row as TensorBoard scalars at global_step = row["step"], in RUN_DIR/tensorboard/.
+
+    torch.utils.tensorboard is imported here, on first use only: a run without run.tensorboard
+    (and the torch-free driver of an emulated job) never loads torch for it.
+    """
+
+    def __init__(self, run_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise PoiseError(f"run.tensorboard needs torch and the tensorboard package ({e}); "
+                             "pip install tensorboard, or set run.tensorboard=false") from None
+        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def write(self, row: dict[str, Any]) -> None:
+        step = int(row["step"])
+        for name, value in scalars(row):
+            self._writer.add_scalar(name, value, global_step=step)
+        self._writer.flush()  # a live TensorBoard sees each step as it ends
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class RunLog:
     """Appends events and per-step metrics to a run directory as JSON lines.
 
     `background=True` (the Ray driver) formats and writes on a thread of its own, so a step's
     hundreds of sample events cost the step loop a queue put each, not a JSON encoding; `close`
     (or leaving the `with` block, also on an error) writes everything still queued.
+    `tensorboard=True` also writes every metrics row as TensorBoard scalars (TensorBoardSink).
     """
 
-    def __init__(self, run_dir: str | Path, append: bool = False, background: bool = False):
+    def __init__(self, run_dir: str | Path, append: bool = False, background: bool = False,
+                 tensorboard: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._tensorboard = TensorBoardSink(self.run_dir) if tensorboard else None
         mode = "a" if append else "w"
         self._events = open(self.run_dir / "events.jsonl", mode)
         self._metrics = open(self.run_dir / "metrics.jsonl", mode)
@@ -68,6 +111,8 @@ class RunLog:
         self._metrics.write(json.dumps(_clean(row)) + "\n")
         self._metrics.flush()
         self._events.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.write(row)
 
     def _drain(self) -> None:
         while True:
@@ -90,6 +135,8 @@ class RunLog:
             self._queue = None
         self._events.close()
         self._metrics.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         if self._error is not None:
             raise self._error
 

@@ -15,5 +15,5 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     paths = draw_report(args.run_dir, args.out)
     for name, path in paths.items():
-        print(f"{name:11s} {path}")
+        print(f"{name:15s} {path}")
     return 0

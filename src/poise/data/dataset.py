@@ -1,8 +1,11 @@
-"""User datasets: JSONL or Parquet rows of {prompt, answer, reward}.
+"""User datasets: JSONL, Parquet or a HF `datasets` save_to_disk directory, one problem per row.
 
-`reward` names a reward function of `poise.data.tasks.REWARDS` ("exact" or "items"). A
-malformed row fails the whole load with `file:line: reason` (Parquet: `file:row N`), before
-any training starts.
+A row needs a prompt and a reference answer (columns `data.prompt_key`, `data.answer_key`); an
+optional `reward` names a reward function of `poise.data.tasks.REWARDS` ("exact" or "items").
+Every other column stays with its row (`Problem.columns`) for the reward functions. A malformed
+row fails the whole load with `file:line: reason` (Parquet and save_to_disk: `file:row N`),
+before any training starts. JSONL and Parquet are read directly (line numbers, no cache
+directory); `datasets` is imported only for a save_to_disk directory.
 """
 
 from __future__ import annotations
@@ -14,25 +17,31 @@ from typing import Any
 from poise.data.tasks import REWARDS, Problem
 from poise.errors import DataError, PoiseError
 
-REQUIRED = ("prompt", "answer")
 
 
-def _problem(row: Any, where: str, index: int) -> Problem:
+def _problem(row: Any, where: str, index: int, prompt_key: str = "prompt", answer_key: str = "answer") -> Problem:
     if not isinstance(row, dict):
-        raise DataError(f"{where}: row is {type(row).__name__}, expected an object with prompt, answer, reward")
-    for key in REQUIRED:
+        raise DataError(f"{where}: row is {type(row).__name__}, expected an object with {prompt_key}, "
+                        f"{answer_key} and optionally reward")
+    for key in (prompt_key, answer_key):
         if key not in row:
-            raise DataError(f"{where}: row has no '{key}'; every row needs prompt, answer and optionally reward")
-        if not isinstance(row[key], str) or (key == "prompt" and not row[key]):
-            raise DataError(f"{where}: '{key}' must be a non-empty string, got {row[key]!r}")
+            raise DataError(f"{where}: row has no '{key}' (it has {', '.join(map(str, row)) or 'no columns'}); "
+                            f"set data.prompt_key and data.answer_key to the columns of prompt and answer")
+    answer = row[answer_key]
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        answer = str(answer)  # a numeric answer column: its text is the reference
+    for key, value in ((prompt_key, row[prompt_key]), (answer_key, answer)):
+        if not isinstance(value, str) or (key == prompt_key and not value):
+            raise DataError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
     reward_name = row.get("reward", "exact")
     if reward_name not in REWARDS:
         raise DataError(f"{where}: unknown reward {reward_name!r}; choose one of {', '.join(REWARDS)}")
-    return Problem(uid=str(row.get("id", f"row-{index}")), family="dataset", prompt=row["prompt"],
-                   answer=row["answer"], reward_name=reward_name)
+    columns = {k: v for k, v in row.items() if k not in (prompt_key, answer_key)}
+    return Problem(uid=str(row.get("id", f"row-{index}")), family="dataset", prompt=row[prompt_key],
+                   answer=answer, reward_name=reward_name, columns=columns, origin=where)
 
 
-def load_jsonl(path: Path) -> list[Problem]:
+def load_jsonl(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
     problems = []
     with open(path) as f:
         for lineno, line in enumerate(f, start=1):
@@ -42,30 +51,54 @@ def load_jsonl(path: Path) -> list[Problem]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            problems.append(_problem(row, f"{path}:{lineno}", len(problems)))
+            problems.append(_problem(row, f"{path}:{lineno}", len(problems), prompt_key, answer_key))
     return problems
 
 
-def load_parquet(path: Path) -> list[Problem]:
+def load_parquet(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise DataError(f"{path}: cannot read as Parquet ({str(e).splitlines()[0]})") from None
-    return [_problem(row, f"{path}:row {i}", i) for i, row in enumerate(table.to_pylist())]
+    return [_problem(row, f"{path}:row {i}", i, prompt_key, answer_key) for i, row in enumerate(table.to_pylist())]
 
 
-def load_dataset(path: str | Path) -> list[Problem]:
+def load_saved(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
+    """A `datasets` save_to_disk directory: a Dataset, or a DatasetDict's `train` (or only) split."""
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # FileNotFoundError for a plain directory, others for a damaged one
+        raise DataError(f"{path}: cannot read as a `datasets` save_to_disk directory "
+                        f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+    where = str(path)
+    if isinstance(ds, datasets.DatasetDict):
+        splits = list(ds)
+        split = "train" if "train" in ds else splits[0] if len(splits) == 1 else None
+        if split is None:
+            raise DataError(f"{path}: holds splits {', '.join(splits)} and none is 'train'; save the split to "
+                            "train on alone (dataset_dict[NAME].save_to_disk(DIR)) and point data.dataset at it")
+        ds, where = ds[split], f"{path}[{split}]"
+    return [_problem(row, f"{where}:row {i}", i, prompt_key, answer_key) for i, row in enumerate(ds.to_list())]
+
+
+def load_dataset(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
     path = Path(path)
-    if not path.is_file():
-        raise PoiseError(f"dataset file '{path}' does not exist; set data.dataset to a .jsonl or .parquet file")
-    if path.suffix == ".jsonl" or path.suffix == ".json":
-        problems = load_jsonl(path)
+    if path.is_dir():
+        problems = load_saved(path, prompt_key, answer_key)
+    elif not path.is_file():
+        raise PoiseError(f"dataset '{path}' does not exist; set data.dataset to a .jsonl or .parquet file or a "
+                         "`datasets` save_to_disk directory")
+    elif path.suffix == ".jsonl" or path.suffix == ".json":
+        problems = load_jsonl(path, prompt_key, answer_key)
     elif path.suffix == ".parquet":
-        problems = load_parquet(path)
+        problems = load_parquet(path, prompt_key, answer_key)
     else:
-        raise PoiseError(f"dataset file '{path}' must end in .jsonl or .parquet")
+        raise PoiseError(f"dataset file '{path}' must end in .jsonl or .parquet (or be a `datasets` "
+                         "save_to_disk directory)")
     if not problems:
         raise DataError(f"{path}: the dataset has no rows")
     return problems

@@ -75,6 +75,19 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tok, "chat_template", None))
+
+    def chat_ids(self, prompt: str, system_prompt: str | None = None) -> list[int]:
+        """`prompt` as a user message (after an optional system message) through the tokenizer's chat
+        template, ending with the assistant's generation prompt: the ids the model answers after."""
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+        messages.append({"role": "user", "content": prompt})
+        # return_dict=False: transformers 5 returns a BatchEncoding by default, 4.x a list
+        return list(self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+
 
 def load_tokenizer(spec: str, model_dir: str | Path | None = None) -> Tokenizer:
     """`char` for the built-in tokenizer, `model` for the one saved beside the model, or a directory."""

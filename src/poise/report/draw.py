@@ -3,9 +3,10 @@
     paths = draw_report(run_dir, out_dir=None)   # default out_dir: RUN_DIR/report/
 
 Figures: per-device timeline (role bars: rollout, train, resize phases; gaps are idle), step
-time, split over time, throughput. Reads only events.jsonl, metrics.jsonl and (if present)
-summary.json, so a real run and a simulation are drawn by the same code. matplotlib with the
-Agg backend: no display needed.
+time, split over time, throughput, and the learning curves: reward and response length per step
+(mean and the p10-p90 band over the step's samples). Reads only events.jsonl, metrics.jsonl and
+(if present) summary.json, so a real run and a simulation are drawn by the same code. matplotlib
+with the Agg backend: no display needed.
 """
 
 from __future__ import annotations
@@ -156,6 +157,56 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     return paths
 
 
+BAND = (10.0, 90.0)  # the percentile band drawn around each learning curve's mean
+
+
+def step_curves(events: list[dict], metrics: list[dict], field: str, fallback: str) -> dict[str, list[float]]:
+    """Per step: mean and p10/p90 of `field` ("reward", "output_length") over the step's `sample`
+    events; a log whose samples lack `field` gives the mean from metrics.jsonl's `fallback` key and
+    no band. Returns {"step", "mean", "low", "high"} lists (low/high empty without a band)."""
+    import numpy as np
+
+    by_id: dict[tuple, tuple[int, float]] = {}  # a step replayed after --resume logs its samples again
+    for e in events:
+        if e.get("kind") == "sample" and isinstance(e.get(field), (int, float)):
+            by_id[tuple(e["id"])] = (int(e["step"]), float(e[field]))
+    if by_id:
+        per_step: dict[int, list[float]] = {}
+        for step, value in by_id.values():
+            per_step.setdefault(step, []).append(value)
+        steps = sorted(per_step)
+        values = [np.asarray(per_step[k]) for k in steps]
+        return {"step": steps, "mean": [float(v.mean()) for v in values],
+                "low": [float(np.percentile(v, BAND[0])) for v in values],
+                "high": [float(np.percentile(v, BAND[1])) for v in values]}
+    rows = [m for m in metrics if isinstance(m.get(fallback), (int, float))]
+    return {"step": [m["step"] for m in rows], "mean": [float(m[fallback]) for m in rows], "low": [], "high": []}
+
+
+def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[str, Path]:
+    """Reward and response length per step; a log with neither (a simulation has no rewards) draws none."""
+    plt = _plt()
+    paths = {}
+    for name, field, fallback, ylabel, color in (
+            ("reward", "reward", "reward_mean", "reward", "#8172B2"),
+            ("response_length", "output_length", "response_len_mean", "response tokens", "#4C72B0")):
+        curve = step_curves(events, metrics, field, fallback)
+        if not curve["step"]:
+            continue
+        fig, ax = plt.subplots(figsize=(10, 3.0))
+        ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="mean")
+        if curve["low"]:
+            ax.fill_between(curve["step"], curve["low"], curve["high"], color=color, alpha=0.25, lw=0,
+                            label=f"p{BAND[0]:.0f}-p{BAND[1]:.0f} over the step's samples")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ylabel.capitalize()} per step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+        paths[name] = _save(fig, out / f"{name}.png")
+    return paths
+
+
 def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
     """Draw every figure and index.html; returns name -> path."""
     run = load_run(run_dir)
@@ -164,6 +215,7 @@ def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[
     paths = {"timeline": out / "timeline.png"}
     draw_timeline(run["events"], paths["timeline"])
     paths.update(draw_series(run["events"], run["metrics"], out))
+    paths.update(draw_learning(run["events"], run["metrics"], out))
     paths["html"] = out / "index.html"
     paths["html"].write_text(_html(Path(run_dir), run, paths))
     return paths
@@ -175,10 +227,11 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
                    for k, v in summary.items() if k != "resizes")
     decisions = [e for e in run["events"] if e.get("kind") == "decision" and e.get("what") == "resize"
                  and e.get("action", "resize") == "resize"]
+    esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
     resize_rows = "".join(
-        f"<tr><td>{d.get('step')}</td><td>{d.get('from')}</td><td>{d.get('to')}</td>"
-        f"<td>{html.escape(str(d.get('reason')))}</td></tr>" for d in decisions)
-    imgs = "".join(f'<h2>{name.replace("_", " ")}</h2><img src="{p.name}" style="max-width:100%">'
+        f"<tr><td>{esc(d.get('step'))}</td><td>{esc(d.get('from'))}</td><td>{esc(d.get('to'))}</td>"
+        f"<td>{esc(d.get('reason'))}</td></tr>" for d in decisions)
+    imgs = "".join(f'<h2>{esc(name.replace("_", " "))}</h2><img src="{esc(p.name)}" style="max-width:100%">'
                    for name, p in paths.items() if p.suffix == ".png")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>poise report: "
             f"{html.escape(run_dir.name)}</title></head><body style='font-family:sans-serif'>"
