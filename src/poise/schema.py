@@ -73,6 +73,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             try:
                 return _convert(arg, value, key)
             except ConfigError as e:
+                if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+                    raise  # a mapping meant as this section: its own error names the bad key
                 errors.append(e)
         raise ConfigError(key, value, f"expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def run(args: argparse.Namespace) -> int:
         config_path = saved
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
+    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install tensorboard, or set "
+                         "run.tensorboard=false")
+    if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
+        from poise.data.prompts import check_prompts
+
+        # a bad dataset row or a prompt too long for the context stops here, before the run directory
+        check_prompts(cfg.data, cfg.model, cfg.run.seed, cfg.rollout.max_context,
+                      cfg.algorithm.sampling.max_new_tokens)
+        from poise.rewards.scorer import check_rewards
+
+        check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
 
     if cfg.pipeline.mode == "colocated":
         from poise.train.colocated import train_colocated

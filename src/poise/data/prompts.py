@@ -6,24 +6,42 @@ job and the tokenizer-only callers never load torch.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from poise.config import DataConfig, ModelConfig
 from poise.data.tasks import DatasetSource, Problem, TaskSource, reward
-from poise.data.tokenizer import SEPARATOR, Tokenizer, load_tokenizer
+from poise.data.tokenizer import SEPARATOR, HFTokenizer, Tokenizer, load_tokenizer
+from poise.errors import DataError, PoiseError
+from poise.rewards.scorer import PendingRewards, RewardInput, RewardScorer
 
 
 def make_tokenizer(data: DataConfig, model: ModelConfig) -> Tokenizer:
-    return load_tokenizer(data.tokenizer, model.path)
+    tokenizer = load_tokenizer(data.tokenizer, model.path)
+    if data.chat_template and not isinstance(tokenizer, HFTokenizer):
+        raise PoiseError(f"data.chat_template needs an HF tokenizer, but data.tokenizer '{data.tokenizer}' is the "
+                         "built-in char tokenizer; point data.tokenizer at an HF tokenizer directory or set "
+                         "data.chat_template=false")
+    if data.chat_template and not tokenizer.has_chat_template:
+        raise PoiseError(f"tokenizer '{tokenizer.name}' has no chat_template; add one to its tokenizer_config.json "
+                         "or set data.chat_template=false")
+    return tokenizer
 
 
 def make_prompt_source(data: DataConfig, seed: int) -> TaskSource | DatasetSource:
     if data.dataset is not None:
         from poise.data.dataset import load_dataset
 
-        return DatasetSource(seed, load_dataset(data.dataset))
+        return DatasetSource(seed, load_dataset(data.dataset, data.prompt_key, data.answer_key))
     return TaskSource(seed, data.phases or None, data.pool_size)
 
 
-def encode_prompt(tokenizer: Tokenizer, problem: Problem) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, problem: Problem, chat_template: bool = False,
+                  system_prompt: str | None = None) -> list[int]:
+    if chat_template:  # the template places BOS and the turn markers itself
+        if not isinstance(tokenizer, HFTokenizer):
+            raise PoiseError("data.chat_template needs an HF tokenizer; set data.tokenizer to a tokenizer directory")
+        return tokenizer.chat_ids(problem.prompt, system_prompt)
     return [tokenizer.bos_id] + tokenizer.encode(problem.prompt) + tokenizer.encode(SEPARATOR)
 
 
@@ -35,7 +53,10 @@ class TaskSteps:
     """The step source of a real job: each step's prompts from the tasks or the dataset, their
     token ids, and each sample's exact reward (the emulated job's is runtime.emulated.Emulation)."""
 
-    def __init__(self, data: DataConfig, model: ModelConfig, seed: int, prompts_per_step: int):
+    def __init__(self, data: DataConfig, model: ModelConfig, seed: int, prompts_per_step: int,
+                 rewards: RewardScorer | None = None):
+        self.data = data
+        self.rewards = rewards  # the reward sandbox (submit_scores); its owner closes it
         self.tokenizer = make_tokenizer(data, model)
         self.source = make_prompt_source(data, seed)
         self.prompts_per_step = prompts_per_step
@@ -44,8 +65,61 @@ class TaskSteps:
         return self.source.prompts_for_step(step, self.prompts_per_step)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
-        return encode_prompt(self.tokenizer, problem)
+        return encode_prompt(self.tokenizer, problem, self.data.chat_template, self.data.system_prompt)
+
+    def check_fit(self, context: int, max_new_tokens: int) -> None:
+        """Every dataset row's prompt plus a full response fits in the engine's context: fail on the
+        first that does not, naming its file:line (or row), before any work."""
+        if not isinstance(self.source, DatasetSource):
+            return  # the built-in tasks' prompts are a few dozen characters
+        room = context - max_new_tokens
+        for problem in self.source.problems:
+            n = len(self.prompt_ids(problem))
+            if n > room:
+                raise DataError(f"{problem.origin or problem.uid}: prompt of {n} tokens + "
+                                f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of "
+                                f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
+                                "rollout.max_context")
 
     def score(self, problem: Problem, sample) -> float:
         eos = self.tokenizer.eos_id
         return reward(problem, self.tokenizer.decode([t for t in sample.token_ids if t != eos]))
+
+    def submit_scores(self, problems: list[Problem], samples) -> PendingRewards:
+        """Queue `samples` (of the step whose prompts are `problems`) in the reward sandbox; returns
+        at once. Each function sees the prompt, the decoded response (without EOS) and the row's
+        columns: `answer`, `reward_kind` and a dataset row's other columns."""
+        eos = self.tokenizer.eos_id
+        inputs = []
+        for s in samples:
+            p = problems[s.sample_id[1]]
+            inputs.append(RewardInput(tuple(s.sample_id), p.prompt,
+                                      self.tokenizer.decode([t for t in s.token_ids if t != eos]),
+                                      {**p.columns, "answer": p.answer, "reward_kind": p.reward_name}))
+        return self.rewards.submit(inputs)
+
+
+def engine_context(model: ModelConfig, max_context: int) -> int | None:
+    """The rollout engine's context in tokens: rollout.max_context, else the model's
+    max_position_embeddings; None while the model does not exist yet and will not be made from
+    model.tiny (its loader reports that)."""
+    if max_context:
+        return max_context
+    if model.path is None:
+        return model.tiny.max_positions
+    config = Path(model.path, "config.json")
+    if not config.is_file():
+        return model.tiny.max_positions if model.sft_if_missing else None
+    try:
+        return int(json.loads(config.read_text())["max_position_embeddings"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a broken config.json: the model loader says what is wrong
+
+
+def check_prompts(data: DataConfig, model: ModelConfig, seed: int, max_context: int, max_new_tokens: int) -> None:
+    """The input errors of a run, before any work: the tokenizer loads, every dataset row is well
+    formed, and each row's prompt plus max_new_tokens fits in the engine's context."""
+    steps = TaskSteps(data, model, seed, prompts_per_step=1)
+    context = engine_context(model, max_context)
+    if context is not None:
+        steps.check_fit(context, max_new_tokens)

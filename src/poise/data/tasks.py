@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from poise.errors import ConfigError
+from poise.rewards.builtin import SCALAR, exact_score, items_score
 
 FAMILIES = ("arith", "span", "sort")
 
@@ -36,6 +37,9 @@ class Problem:
     prompt: str
     answer: str
     reward_name: str  # key of REWARDS
+    # a dataset row's other columns, by name (user reward functions receive them); not hashed
+    columns: dict[str, object] = field(default_factory=dict, hash=False)
+    origin: str = field(default="", compare=False)  # where a dataset row came from: "file:line" or "file:row N"
 
 
 @dataclass(frozen=True)
@@ -75,20 +79,11 @@ def make_problem(family: str, rng: random.Random, uid: str) -> Problem:
     raise ConfigError("data.phases[].mix", family, f"unknown task family; choose from {', '.join(FAMILIES)}")
 
 
-def reward_exact(answer: str, response: str) -> float:
-    return 1.0 if response.strip() == answer.strip() else 0.0
-
-
-def reward_items(answer: str, response: str) -> float:
-    """Fraction of space-separated items in the right position, over the longer list."""
-    ref, got = answer.split(), response.split()
-    if not ref and not got:
-        return 1.0
-    hits = sum(1 for r, g in zip(ref, got) if r == g)
-    return hits / max(len(ref), len(got))
-
-
-REWARDS: dict[str, Callable[[str, str], float]] = {"exact": reward_exact, "items": reward_items}
+# The per-row kinds live with the reward functions (poise.rewards.builtin); runs score through the
+# reward sandbox, whose default function `task` applies these same kinds.
+reward_exact = exact_score
+reward_items = items_score
+REWARDS: dict[str, Callable[[str, str], float]] = SCALAR
 
 
 def reward(problem: Problem, response: str) -> float:

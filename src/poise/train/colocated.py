@@ -17,10 +17,11 @@ from poise.data.prompts import TaskSteps
 from poise.data.tasks import Problem
 from poise.metrics import step_metrics
 from poise.rollout.engine import Engine
-from poise.rundir import prepare_run_dir, truncate_metrics
+from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
+from poise.rundir import prepare_run_dir, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump
-from poise.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
+from poise.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from poise.train.progress import StepProgress
 from poise.train.setup import make_model, pin_threads
 from poise.train.trainer import PolicyTrainer
@@ -34,7 +35,8 @@ class ColocatedLoop:
         algo = cfg.algorithm
         pin_threads(cfg.cluster.threads_per_device, cfg.determinism == "bitwise")
         torch.manual_seed(cfg.run.seed)
-        self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step)
+        # the reward sandbox starts first: a reward function that cannot load fails before any work
+        self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
         self.tokenizer = self.steps.tokenizer
         self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress)
         ref = None
@@ -57,8 +59,9 @@ class ColocatedLoop:
                                        for i, p in enumerate(problems) for j in range(g))
         return sorted(samples, key=lambda s: s.sample_id)
 
-    def score(self, problems: list[Problem], samples) -> dict[SampleId, float]:
-        return {s.sample_id: self.steps.score(problems[s.sample_id[1]], s) for s in samples}
+    def score(self, problems: list[Problem], samples) -> dict[SampleId, RewardResult]:
+        """Every sample's reward, from the reward sandbox (the step's samples are all generated)."""
+        return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
 
     def advantages(self, rewards: dict[SampleId, float], step: int, n_prompts: int) -> dict[SampleId, float]:
         g = self.cfg.algorithm.group_size
@@ -78,15 +81,18 @@ class ColocatedLoop:
         problems = self.steps.problems(step)
         samples = self.generate(step, problems)
         t_gen = self.now()
-        rewards = self.score(problems, samples)
+        scored = self.score(problems, samples)
+        rewards = {sid: r.value for sid, r in scored.items()}
         advantages = self.advantages(rewards, step, len(problems))
         t_score = self.now()
         stats = self.train(samples, advantages)
         t_end = self.now()
         metrics = step_metrics(step, samples, rewards, problems, stats,
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})
+        metrics.update(reward_metrics(scored.values()))  # reward/<function> means, reward_failures
+        log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)
         log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics,
-                        self.cfg.run.log_tokens, self.t0)
+                        self.cfg.run.log_tokens, self.t0, rewards)
         log.metrics(metrics)
         return metrics
 
@@ -100,18 +106,21 @@ class ColocatedLoop:
                 done = step + 1
                 if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
                     save_checkpoint(self.run_dir, self.model, self.trainer.optimizer, self.state)
+                    prune_checkpoints(self.run_dir, cfg.keep_checkpoints)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
 
 
 def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_start: float, t_gen: float,
-                    t_score: float, t_end: float, metrics: dict, log_tokens: bool = False, t0: float = 0.0) -> None:
+                    t_score: float, t_end: float, metrics: dict, log_tokens: bool = False, t0: float = 0.0,
+                    rewards: dict[SampleId, float] | None = None) -> None:
     log.event("interval", t_start, device=0, role="rollout", phase="generate", step=step, start=t_start, end=t_gen)
     log.event("interval", t_gen, device=0, role="train", phase="score+update", step=step, start=t_gen, end=t_end)
     for s in samples:
         log.event("sample", s.finish_time - t0, id=list(s.sample_id), step=step,
                   prompt_id=problems[s.sample_id[1]].uid, output_length=len(s.token_ids),
                   weights_version=s.weights_version, instance=0, submit=s.submit_time - t0, finish=s.finish_time - t0,
+                  **({"reward": rewards[s.sample_id]} if rewards is not None else {}),
                   **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if log_tokens else {}))
     log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
               train_s=t_end - t_score, sync_s=0.0, reward_mean=metrics["reward_mean"], tokens=metrics["tokens"],
@@ -121,10 +130,13 @@ def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_
 def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
     run_dir = prepare_run_dir(cfg, resume)
     loop = ColocatedLoop(cfg, run_dir)
-    if resume:
-        loop.state = load_checkpoint(latest_checkpoint(run_dir), loop.model, loop.trainer.optimizer)
-        truncate_metrics(run_dir, loop.state.step)
-    else:
-        dump(cfg, run_dir / "config.yaml")
-    with RunLog(run_dir, append=resume) as log:
-        return loop.run(log)
+    try:
+        if resume:
+            loop.state = load_checkpoint(latest_checkpoint(run_dir), loop.model, loop.trainer.optimizer)
+            truncate_logs(run_dir, loop.state.step)  # no step logged twice
+        else:
+            dump(cfg, run_dir / "config.yaml")
+        with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard) as log:
+            return loop.run(log)
+    finally:
+        loop.steps.rewards.close()  # the reward sandbox's workers end with the run

@@ -1,0 +1,201 @@
+"""Built-in reward functions with TRL's signature: `fn(prompts, completions, **columns) -> list[float]`.
+
+`columns` are the row's other fields as lists, one entry per completion: `answer` (the reference),
+`reward_kind` (the row's built-in kind, "exact" or "items") and every other dataset column (e.g.
+`tests`). Every function here scores each completion on its own, from its own row only.
+
+- `task`:  the row's own kind (`reward_kind`): what the built-in tasks and datasets score by default
+- `exact`: 1 if the stripped completion equals the stripped answer, else 0
+- `items`: fraction of space-separated items in the right position, over the longer list
+- `math`:  GSM8K-style: the completion's final number equals the answer's (see `final_number`)
+- `code`:  Python code execution: the fraction of the row's `tests` that pass (see `code`)
+
+Pure Python, no torch: the driver-side data layer uses `exact_score`/`items_score` too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from fractions import Fraction
+from typing import Any, Callable, Sequence
+
+# --- scalar scores (answer, response) -> float ------------------------------------------------
+
+
+def exact_score(answer: str, response: str) -> float:
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
+def items_score(answer: str, response: str) -> float:
+    """Fraction of space-separated items in the right position, over the longer list."""
+    ref, got = answer.split(), response.split()
+    if not ref and not got:
+        return 1.0
+    hits = sum(1 for r, g in zip(ref, got) if r == g)
+    return hits / max(len(ref), len(got))
+
+
+SCALAR: dict[str, Callable[[str, str], float]] = {"exact": exact_score, "items": items_score}
+
+# --- math ----------------------------------------------------------------------------------------
+
+_NUMBER = r"-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\$?\.\d+"
+_HASHES = re.compile(r"####\s*(" + _NUMBER + ")")
+_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+_ANY = re.compile(_NUMBER)
+_FRAC = re.compile(r"\\[dt]?frac\{(-?\d+)\}\{(\d+)\}")
+
+
+def _parse_number(text: str) -> Fraction | None:
+    text = text.replace(",", "").replace("$", "").strip().rstrip(".")
+    frac = _FRAC.fullmatch(text)
+    if frac:
+        text = f"{frac.group(1)}/{frac.group(2)}"
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value
+
+
+def final_number(text: str) -> Fraction | None:
+    """The final answer of a GSM8K-style text, exactly: the number after the last `#### `, else
+    the content of the last `\\boxed{...}` (a number, `a/b` or `\\frac{a}{b}`), else the last number
+    in the text. Commas and `$` are ignored ("$1,200" is 1200)."""
+    hashes = _HASHES.findall(text)
+    if hashes:
+        return _parse_number(hashes[-1])
+    boxed = _BOXED.findall(text)
+    if boxed:
+        inner = boxed[-1]
+        value = _parse_number(inner)
+        if value is not None:
+            return value
+        numbers = _ANY.findall(inner)
+        return _parse_number(numbers[-1]) if numbers else None
+    numbers = _ANY.findall(text)
+    return _parse_number(numbers[-1]) if numbers else None
+
+
+# --- code ----------------------------------------------------------------------------------------
+
+CODE_TIMEOUT_S = 5.0  # one candidate's program and all its tests, in a fresh interpreter
+CODE_TEST_TIMEOUT_S = 2.0  # one test
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+
+# Runs in a fresh `python -I` (stdin: JSON {program, tests}). Prints one mark per test on a
+# private copy of stdout: "P" pass, "F" fail; the program's own output goes to /dev/null.
+_HARNESS = r"""
+import json, os, signal, sys
+job = json.load(sys.stdin)
+marks = os.fdopen(os.dup(1), "w")
+null = os.open(os.devnull, os.O_RDWR)
+os.dup2(null, 1); os.dup2(null, 2)
+def alarm(signum, frame):
+    raise TimeoutError("test timed out")
+signal.signal(signal.SIGALRM, alarm)
+scope = {"__name__": "__main__"}
+try:
+    signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+    exec(compile(job["program"], "<candidate>", "exec"), scope)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+except BaseException:
+    marks.write("X"); marks.flush(); os._exit(0)
+for test in job["tests"]:
+    try:
+        signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+        exec(compile(test, "<test>", "exec"), dict(scope))
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        marks.write("P")
+    except BaseException:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        marks.write("F")
+    marks.flush()
+os._exit(0)
+"""
+
+
+def extract_program(completion: str) -> str:
+    """The candidate program: the last ```python fenced block of the completion, else all of it."""
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else completion
+
+
+def run_tests(program: str, tests: Sequence[str], timeout_s: float = CODE_TIMEOUT_S) -> float:
+    """Fraction of `tests` (Python statements, typically `assert f(2) == 4`) that pass after running
+    `program`, each test in a copy of the program's globals, in a fresh interpreter (`python -I`)
+    with a per-test alarm. A program that fails to run passes no test."""
+    if not tests:
+        return 0.0
+    job = json.dumps({"program": program, "tests": list(tests), "test_timeout": CODE_TEST_TIMEOUT_S})
+    try:
+        out = subprocess.run([sys.executable, "-I", "-c", _HARNESS], input=job, capture_output=True, text=True,
+                             timeout=timeout_s, cwd=os.getcwd())
+        marks = out.stdout
+    except subprocess.TimeoutExpired as e:  # the marks written before the hang still count
+        marks = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    return marks.count("P") / len(tests)
+
+
+def _tests_of(row_tests: Any) -> list[str]:
+    if isinstance(row_tests, str):  # one string: one statement per non-empty line
+        return [line for line in row_tests.splitlines() if line.strip()]
+    if isinstance(row_tests, (list, tuple)) and all(isinstance(t, str) for t in row_tests):
+        return list(row_tests)
+    raise TypeError(f"the `tests` column must be a list of Python statements or one string of them, "
+                    f"got {type(row_tests).__name__}")
+
+
+# --- the functions (TRL signature) ----------------------------------------------------------------
+
+
+def task(prompts: list[str], completions: list[str], answer: list[str], reward_kind: list[str] | None = None,
+         **_: list) -> list[float]:
+    """The row's own built-in kind (`reward_kind`, "exact" when absent): the default reward."""
+    kinds = reward_kind if reward_kind is not None else ["exact"] * len(completions)
+    return [SCALAR[k](a, c) for k, a, c in zip(kinds, answer, completions)]
+
+
+def exact(prompts: list[str], completions: list[str], answer: list[str], **_: list) -> list[float]:
+    """1.0 if the stripped completion equals the stripped answer, else 0.0."""
+    return [exact_score(a, c) for a, c in zip(answer, completions)]
+
+
+def items(prompts: list[str], completions: list[str], answer: list[str], **_: list) -> list[float]:
+    """Fraction of space-separated items in the right position, over the longer list."""
+    return [items_score(a, c) for a, c in zip(answer, completions)]
+
+
+def math(prompts: list[str], completions: list[str], answer: list[str], **_: list) -> list[float]:
+    """1.0 if the completion's final number (`final_number`: `#### N`, else `\\boxed{N}`, else the
+    last number) equals the answer's, compared as exact fractions; the answer may be a bare number
+    or GSM8K-formatted ("...reasoning...\\n#### 42"). No number in either scores 0.0."""
+    out = []
+    for a, c in zip(answer, completions):
+        ref, got = final_number(str(a)), final_number(c)
+        out.append(1.0 if ref is not None and got is not None and ref == got else 0.0)
+    return out
+
+
+def code(prompts: list[str], completions: list[str], tests: list, **_: list) -> list[float]:
+    """Python code execution: the fraction of the row's `tests` that pass.
+
+    The program is the completion's last ```python block (else the whole completion); `tests` is a
+    list of Python statements, usually asserts (`["assert add(1, 2) == 3", ...]`), or one string
+    with one statement per line. Each test runs in a copy of the program's globals in a fresh
+    `python -I` started inside the reward sandbox, CODE_TEST_TIMEOUT_S per test and CODE_TIMEOUT_S
+    for the whole program (keep reward.timeout_s above it). The harness guards against crashes,
+    exits and hangs, not against a program that tampers with the interpreter itself.
+    """
+    return [run_tests(extract_program(c), _tests_of(t)) for c, t in zip(completions, tests)]
+
+
+BUILTINS: dict[str, Callable[..., list[float]]] = {"task": task, "exact": exact, "items": items, "math": math,
+                                                   "code": code}
+
+__all__ = ["BUILTINS", "SCALAR", "task", "exact", "items", "math", "code", "exact_score", "items_score",
+           "final_number", "extract_program", "run_tests"]

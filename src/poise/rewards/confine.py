@@ -1,0 +1,283 @@
+"""Linux confinement of a reward worker: namespaces, privilege drop, Landlock, resource limits.
+
+Called by `poise.rewards.worker` in the fresh worker process, before any user code is imported.
+Each layer is tried on its own and reported (`Confinement`); one that the kernel or the user's
+privileges refuse is skipped, never fatal. What holds where:
+
+| layer | as root | not root |
+| --- | --- | --- |
+| network | new network namespace (nothing reachable, not even 127.0.0.1) | the same inside a new user namespace, if unprivileged user namespaces are allowed; else Landlock (ABI >= 4) refuses TCP connect/bind (UDP stays open); else none |
+| processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
+| fork bombs | the worker drops to a uid of its own (keeping only CAP_DAC_READ_SEARCH, to read the interpreter under /root) so RLIMIT_NPROC applies: root ignores it | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
+| files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
+| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0 | the same |
+
+Without Landlock (kernels before 5.13, or LSM disabled) the files row falls back to: the working
+directory and HOME are the scratch directory and the run directory's path is never passed, but a
+reward that names an absolute path can read what the user can (as root, with the uid drop, it can
+read but not write outside scratch). Signals and abstract unix sockets outside the worker are
+scoped off with Landlock ABI >= 6.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+from dataclasses import asdict, dataclass, field
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+PR_SET_PDEATHSIG = 1
+PR_SET_KEEPCAPS = 8
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+CAP_DAC_READ_SEARCH = 2
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+# Landlock (linux/landlock.h); the syscall numbers are the same on every architecture.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_TRUNCATE = 1 << 14
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+NPROC_MARGIN = 32  # tasks (processes and threads) one worker may have beyond its own
+
+LINUX = sys.platform.startswith("linux")  # elsewhere every layer below is skipped but the rlimits
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+@dataclass
+class Confinement:
+    """What holds for one worker (sent to the driver as the `ready` message)."""
+
+    network: str = "open"  # "namespace" | "tcp-blocked" | "open"
+    pid_namespace: bool = False
+    uid: int = -1  # the uid the worker runs as
+    nproc_limit: int = -1
+    landlock_abi: int = 0
+    filesystem: bool = False  # Landlock confines reads and writes
+    notes: list[str] = field(default_factory=list)  # why a layer did not hold
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option: int, arg2: int, arg3: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), ctypes.c_ulong(0), ctypes.c_ulong(0)),
+           f"prctl({option})")
+
+
+def enter_namespaces(report: Confinement) -> bool:
+    """A new network and PID namespace (and, unprivileged, the user namespace they need).
+
+    Returns True when a PID namespace was made: the caller must fork, and the child, its PID 1,
+    goes on (`become_pid1`)."""
+    if not LINUX:
+        report.notes.append(f"{sys.platform}: no namespaces, no Landlock, no privilege drop")
+        return False
+    root = os.geteuid() == 0
+    uid, gid = os.getuid(), os.getgid()
+    user = 0 if root else CLONE_NEWUSER
+    for flags in (user | CLONE_NEWNET | CLONE_NEWPID, user | CLONE_NEWNET):
+        if _libc.unshare(flags) == 0:
+            break
+    else:
+        report.notes.append(f"unshare: {os.strerror(ctypes.get_errno())} (no network or PID namespace)")
+        return False
+    if user:  # map our own ids, or the worker could not create files (an unmapped fsuid)
+        for path, text in (("/proc/self/uid_map", f"{uid} {uid} 1"), ("/proc/self/setgroups", "deny"),
+                           ("/proc/self/gid_map", f"{gid} {gid} 1")):
+            try:
+                with open(path, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                report.notes.append(f"{path}: {e.strerror}")
+    report.network = "namespace"
+    report.pid_namespace = bool(flags & CLONE_NEWPID)
+    return report.pid_namespace
+
+
+def drop_root(uid: int, report: Confinement) -> None:
+    """Root ignores RLIMIT_NPROC: run as `uid` instead, keeping CAP_DAC_READ_SEARCH (also across
+    exec, as an ambient capability) so the interpreter and libraries stay readable wherever they
+    are installed (e.g. under /root). Landlock then decides what may actually be read."""
+    if os.geteuid() != 0 or not LINUX:
+        report.uid = os.getuid()
+        return
+    try:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        _prctl(PR_SET_KEEPCAPS, 1)
+        os.setresuid(uid, uid, uid)
+        bit = 1 << CAP_DAC_READ_SEARCH
+        header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)(_CapData(bit, bit, bit), _CapData(0, 0, 0))
+        _check(_libc.capset(ctypes.byref(header), data), "capset")
+        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
+    except OSError as e:
+        report.notes.append(f"privilege drop: {e}")
+    report.uid = os.getuid()
+
+
+def after_fork_in_namespace() -> None:
+    """In PID 1 of the new namespace: die with the parent (the process the pool kills), which
+    takes every process of the namespace with it."""
+    _prctl(PR_SET_PDEATHSIG, 9)
+
+
+def adopt_orphans() -> None:
+    """Become a child subreaper: orphans of the processes we start are re-parented to us."""
+    if not LINUX:
+        return
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+
+
+def _user_tasks(uid: int) -> int:
+    """Tasks (threads included) the kernel counts against RLIMIT_NPROC for `uid`."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            count += int(fields.get("Threads", "1").strip())
+    return count
+
+
+def set_limits(memory_mb: int, report: Confinement, own_user: bool) -> None:
+    """Address space, file size, no core files, a task limit. `own_user`: this worker's uid (or
+    user namespace) runs nothing else, so the task limit counts only the worker's own tasks."""
+    mib = memory_mb * 2**20
+    for limit, value in ((resource.RLIMIT_AS, mib), (resource.RLIMIT_FSIZE, mib), (resource.RLIMIT_CORE, 0)):
+        try:
+            resource.setrlimit(limit, (value, value))
+        except (OSError, ValueError) as e:
+            report.notes.append(f"setrlimit({limit}): {e}")
+    if os.getuid() == 0:
+        report.notes.append("running as root: RLIMIT_NPROC does not apply")
+        return
+    if not LINUX:
+        return  # no /proc to count the user's tasks in
+    nproc = NPROC_MARGIN + (1 if own_user else _user_tasks(os.getuid()))
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        report.nproc_limit = nproc
+    except (OSError, ValueError) as e:
+        report.notes.append(f"RLIMIT_NPROC: {e}")
+
+
+def limit_cpu(seconds: float) -> None:
+    """Let the next call use `seconds` more CPU: the soft RLIMIT_CPU, over what was used so far
+    (SIGXCPU kills the worker past it). The hard limit stays, so the next call can be granted its
+    own; a call that raises its soft limit is still stopped by the wall-clock timeout."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = int(usage.ru_utime + usage.ru_stime + seconds) + 1
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+def landlock(reads: list[str], writes: list[str], report: Confinement) -> None:
+    """Allow reading (and executing) `reads`, everything in `writes`, and nothing else of the
+    filesystem; refuse TCP connect/bind (ABI >= 4) and signals and abstract unix sockets to
+    processes outside (ABI >= 6)."""
+    if not LINUX:
+        return
+    abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                        ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        report.notes.append(f"landlock unavailable: {os.strerror(ctypes.get_errno())}")
+        return
+    report.landlock_abi = abi
+    fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
+    if abi >= 2:
+        fs |= 1 << 13  # refer
+    if abi >= 3:
+        fs |= FS_TRUNCATE
+    attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
+                        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        report.notes.append(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+        return
+    file_rights = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | (FS_TRUNCATE if abi >= 3 else 0)
+    try:
+        for paths, rights in ((reads, FS_EXECUTE | FS_READ_FILE | FS_READ_DIR), (writes, fs)):
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                except OSError:
+                    continue  # not on this system
+                try:
+                    allowed = rights if os.path.isdir(path) else rights & file_rights
+                    rule = _PathBeneathAttr(allowed, fd)
+                    if _libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                                     ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                        report.notes.append(f"landlock rule {path}: {os.strerror(ctypes.get_errno())}")
+                finally:
+                    os.close(fd)
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            report.notes.append(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+            return
+    finally:
+        os.close(ruleset)
+    report.filesystem = True
+    if abi >= 4 and report.network == "open":
+        report.network = "tcp-blocked"
+
+
+def system_reads() -> list[str]:
+    """What any Python interpreter and its child processes need to read: the interpreter's
+    installation, shared libraries, a few files of /etc, and device files."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable))}
+    paths |= {"/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc/ld.so.cache", "/etc/ld.so.conf",
+              "/etc/ld.so.conf.d", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group",
+              "/etc/alternatives", "/etc/ssl", "/dev/urandom", "/dev/random", "/dev/zero"}
+    return sorted(paths)
+
+
+__all__ = ["Confinement", "enter_namespaces", "drop_root", "after_fork_in_namespace", "adopt_orphans", "set_limits", "limit_cpu",
+           "landlock", "system_reads"]

@@ -1,0 +1,342 @@
+"""The reward sandbox: a pool of confined worker processes that run reward functions.
+
+    pool = SandboxPool(specs, SandboxLimits(timeout_s=10, memory_mb=2048, cpu_s=10, workers=2))
+    batch = pool.submit([Call(fn_index, prompt, completion, columns), ...])   # returns at once
+    outcomes = batch.result()                                                # one Outcome per call
+    pool.close()
+
+Workers are started once (`python -c` running poise.rewards.worker in a fresh scratch directory,
+with a scrubbed environment, in a session of their own) and confine themselves before they import
+the reward functions (poise.rewards.confine says what holds with and without root). User code is
+imported only there, never in the driver. Each submitted batch is cut into chunks; one driver
+thread per worker sends a chunk and reads one JSON line per call. Each call has its own wall-clock
+deadline (`timeout_s` after the previous call's answer): past it, or when the worker dies (CPU
+limit, a crash), the worker's process group and PID namespace are killed, the call gets a failed
+Outcome, a fresh worker starts and the rest of the chunk goes on there. A bad answer (not one
+finite number) is a failed Outcome too. The pool itself never raises on a reward's behaviour.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple, Sequence
+
+import poise
+from poise.errors import ConfigError, PoiseError
+from poise.rewards.functions import FunctionSpec
+from poise.rewards.worker import _HEADER
+
+START_TIMEOUT_S = 60.0  # a worker's confinement and its imports of the reward functions
+MAX_LINE = 1 << 16  # a longer answer line is a broken worker
+CHUNK = 64  # calls per message at most
+UID_BASE = 1_500_000_000  # root drops each worker to a uid of its own from here (confine.drop_root)
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 10.0
+    memory_mb: int = 2048
+    cpu_s: float = 10.0
+    workers: int = 2
+
+
+class Call(NamedTuple):
+    fn_index: int
+    prompt: str
+    completion: str
+    columns: dict[str, Any]
+
+
+class Outcome(NamedTuple):
+    value: float | None  # None when the call failed
+    error: str | None = None  # why: "timed out after 10 s", "ZeroDivisionError: ...", "returned NaN"
+
+
+class Batch:
+    """The outcomes of one `submit`, filled in by the pool's threads."""
+
+    def __init__(self, n: int):
+        self._outcomes: list[Outcome | None] = [None] * n
+        self._left = n
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if n == 0:
+            self._done.set()
+
+    def _set(self, index: int, outcome: Outcome) -> None:
+        with self._lock:
+            self._outcomes[index] = outcome
+            self._left -= 1
+            if self._left == 0:
+                self._done.set()
+
+    def done(self, wait_s: float = 0.0) -> bool:
+        return self._done.wait(wait_s) if wait_s > 0 else self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> list[Outcome]:
+        if not self._done.wait(timeout):
+            raise TimeoutError("reward batch not finished")
+        return list(self._outcomes)  # type: ignore[arg-type]
+
+
+def _checked(message: Any) -> Outcome:
+    """A worker's answer to one call, checked on the driver's side (the worker may be hostile)."""
+    if not isinstance(message, list) or len(message) != 2 or message[0] not in ("ok", "err"):
+        return Outcome(None, "malformed answer from the reward worker")
+    kind, payload = message
+    if kind == "err":
+        return Outcome(None, str(payload)[:300])
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)):
+        return Outcome(None, f"returned {payload!r:.40}, not a number")
+    if not math.isfinite(payload):
+        return Outcome(None, f"returned {payload}")
+    return Outcome(float(payload))
+
+
+def _env(scratch: str) -> dict[str, str]:
+    """The worker's whole environment: nothing of the driver's but PATH and the locale."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "HOME": scratch, "TMPDIR": scratch, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+class _Worker:
+    """One worker process and the pipe protocol to it (used by one pool thread only)."""
+
+    def __init__(self, pool: "SandboxPool", slot: int):
+        self.pool, self.slot = pool, slot
+        self.proc: subprocess.Popen | None = None
+        self.scratch: str | None = None
+        self.buf = b""
+        self.lines: list[bytes] = []
+        self.confinement: dict | None = None
+
+    def start(self) -> None:
+        """Start the process and send its set-up; `wait_ready` reads the answer."""
+        self.scratch = tempfile.mkdtemp(prefix=f"poise-reward-{os.getpid()}-")  # the driver's pid: whose it is
+        uid = None
+        if os.geteuid() == 0:
+            uid = UID_BASE + (os.getpid() % 100_000) * 64 + self.slot % 64
+            os.chown(self.scratch, uid, uid)
+        poise_parent = os.path.dirname(os.path.dirname(os.path.abspath(poise.__file__)))
+        boot = f"import sys; sys.path.insert(0, {poise_parent!r}); from poise.rewards.worker import main; main()"
+        self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, cwd=self.scratch, env=_env(self.scratch),
+                                     start_new_session=True)
+        self.buf, self.lines = b"", []
+        self.send({"functions": [asdict(s) for s in self.pool.specs], "reads": self.pool.reads, "uid": uid,
+                   "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s})
+
+    def wait_ready(self) -> None:
+        """The worker's `ready` (its confinement) or a PoiseError naming the function it cannot load."""
+        try:
+            message = self.read(time.monotonic() + max(START_TIMEOUT_S, self.pool.limits.timeout_s))
+        except EOFError:
+            message = None
+        if isinstance(message, list) and message and message[0] == "ready" and isinstance(message[1], dict):
+            self.confinement = message[1]
+            return
+        self.kill()
+        if isinstance(message, list) and len(message) == 3 and message[0] == "error" and \
+                isinstance(message[1], int) and 0 <= message[1] < len(self.pool.specs):
+            spec = self.pool.specs[message[1]]
+            raise ConfigError(spec.key, spec.fn, f"cannot be loaded in the reward sandbox ({message[2]}); check "
+                                                 "the module, the function's name and that it is a function")
+        raise PoiseError("the reward sandbox's worker did not start "
+                         f"({'no answer' if message is None else 'a malformed answer'}); this is a bug in "
+                         "poise.rewards, please report it with your platform")
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(_HEADER.pack(len(data)) + data)
+        self.proc.stdin.flush()
+
+    def read(self, deadline: float) -> Any:
+        """The next JSON line, or None at the deadline; EOFError when the worker is gone."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while not self.lines:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            *complete, self.buf = (self.buf + chunk).split(b"\n")
+            self.lines = complete
+            if len(self.buf) > MAX_LINE:
+                raise EOFError
+        line = self.lines.pop(0)
+        try:
+            return json.loads(line)
+        except ValueError:
+            return ["err", "malformed answer from the reward worker"]
+
+    def exit_reason(self) -> str:
+        """Why the worker died, from its exit status (its PID 1's, passed on)."""
+        assert self.proc is not None
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "the reward worker stopped answering"
+        sig = -code if code < 0 else code - 128 if code > 128 else 0
+        if sig == signal.SIGXCPU:
+            return f"exceeded reward.cpu_s ({self.pool.limits.cpu_s:g} CPU seconds)"
+        if sig == signal.SIGXFSZ:
+            return "wrote a file larger than reward.memory_mb"
+        if sig:
+            return f"the reward worker was killed by {signal.Signals(sig).name}"
+        return f"the reward worker exited with status {code}"
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group (its PID 1 dies with the worker: PDEATHSIG, and
+        the namespace with it) and remove its scratch directory."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            for stream in (self.proc.stdin, self.proc.stdout):
+                try:
+                    stream.close()  # type: ignore[union-attr]
+                except OSError:
+                    pass
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+class SandboxPool:
+    """`limits.workers` confined processes running `specs`; see the module docstring."""
+
+    def __init__(self, specs: Sequence[FunctionSpec], limits: SandboxLimits):
+        self.specs, self.limits = tuple(specs), limits
+        poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
+        self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._workers = [_Worker(self, slot) for slot in range(limits.workers)]
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # no leaked processes, even unclosed
+        try:
+            for w in self._workers:  # start them all, then wait: they confine and import in parallel
+                w.start()
+            for w in self._workers:
+                w.wait_ready()
+        except BaseException:
+            _kill_all(self._workers)
+            raise
+        self.confinement = self._workers[0].confinement or {}
+        self._threads = [threading.Thread(target=self._serve, args=(w,), name=f"reward-sandbox-{w.slot}", daemon=True)
+                         for w in self._workers]
+        for t in self._threads:
+            t.start()
+        self.restarts = 0
+
+    def submit(self, calls: Sequence[Call]) -> Batch:
+        """Queue `calls`; returns at once. Chunks spread one batch over every worker."""
+        batch = Batch(len(calls))
+        size = max(1, min(CHUNK, -(-len(calls) // len(self._workers))))
+        for start in range(0, len(calls), size):
+            self._tasks.put((batch, start, list(calls[start:start + size])))
+        return batch
+
+    def run(self, calls: Sequence[Call]) -> list[Outcome]:
+        return self.submit(calls).result()
+
+    def close(self) -> None:
+        """Stop the threads and kill every worker (idempotent)."""
+        for _ in self._threads:
+            self._tasks.put(None)
+        for t in self._threads:
+            t.join(timeout=self.limits.timeout_s + 10)
+        self._finalizer()
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one thread per worker ------------------------------------------------------------------
+    def _serve(self, w: _Worker) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            batch, offset, calls = task
+            i = 0
+            while i < len(calls):
+                try:
+                    i = self._run_chunk(w, batch, offset, calls, i)
+                except Exception as e:  # a bug here must not leave the batch waiting forever
+                    w.kill()
+                    for j in range(i, len(calls)):
+                        batch._set(offset + j, Outcome(None, f"reward sandbox error: {type(e).__name__}: {e}"))
+                    break
+
+    def _run_chunk(self, w: _Worker, batch: Batch, offset: int, calls: list[Call], i: int) -> int:
+        """Run calls[i:] on `w`; returns the index of the first call not yet answered."""
+        if w.proc is None:
+            try:
+                w.start()
+                w.wait_ready()
+            except (PoiseError, OSError) as e:  # a worker that cannot restart fails its call, not the run
+                w.kill()
+                batch._set(offset + i, Outcome(None, f"the reward worker could not restart: {e}"))
+                return i + 1
+        try:
+            w.send([tuple(c) for c in calls[i:]])  # plain tuples: unpickling a Call would import this module there
+        except OSError:  # died while idle: start a fresh one and send again
+            w.kill()
+            self.restarts += 1
+            return i
+        deadline = time.monotonic() + self.limits.timeout_s
+        while i < len(calls):
+            try:
+                message = w.read(deadline)
+            except EOFError:
+                reason = w.exit_reason()
+                w.kill()
+                self.restarts += 1
+                batch._set(offset + i, Outcome(None, reason))
+                return i + 1
+            if message is None:
+                w.kill()
+                self.restarts += 1
+                batch._set(offset + i, Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
+                return i + 1
+            batch._set(offset + i, _checked(message))
+            i += 1
+            deadline = time.monotonic() + self.limits.timeout_s
+        return i
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for w in workers:
+        w.kill()
+
+
+__all__ = ["SandboxPool", "SandboxLimits", "Call", "Outcome", "Batch"]
