@@ -56,7 +56,7 @@ def main() -> int:
     best = static[best_name]
     dyn = {}
     for mode in ("live", "hard"):
-        sim = run(args.scenario, extra + ["resize.policy=dynamic", f"resize.mode={mode}"])
+        sim = run(args.scenario, extra + ["resize.policy=controller", f"resize.mode={mode}"])
         s = sim.summary_
         dyn[mode] = (sim, s)
         rows.append({"run": f"dynamic {mode}", **s.as_dict()})

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         allowed.append(best.as_list())
     for mode in ("live", "hard"):
         dyn = simulate(load_scenario(args.workload, args.overrides + common + [
-            "resize.policy=dynamic", f"resize.mode={mode}", f"split=[{best.rollout},{best.train}]",
+            "resize.policy=controller", f"resize.mode={mode}", f"split=[{best.rollout},{best.train}]",
             f"cluster.batch_cap={best_by_split[best][0]}", f"resize.allowed_splits={json.dumps(allowed)}"]))
         gain = static.total_s / dyn.total_s - 1.0
         verdict = "pays" if gain > 0.01 else "does not pay"

@@ -46,7 +46,7 @@ def _parse(items: list[str]) -> dict[str, list]:
 def run(args: argparse.Namespace) -> int:
     grid = _parse(args.param or DEFAULT_PARAMS)
     quiet = ["log.samples=false", "log.intervals=none"]
-    base = load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=dynamic"])
+    base = load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=controller"])
     out = Path(args.out or f"runs/sweep-{base.name}")
     out.mkdir(parents=True, exist_ok=True)
     static = simulate(load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=static"]))
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     print("  ".join(f"{k:>26}" for k in keys) + f"  {'total s':>9} {'vs static':>9} {'resizes':>7}")
     for values in itertools.product(*(grid[k] for k in keys)):
         params = dict(zip(keys, values))
-        s = simulate(load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=dynamic"]
+        s = simulate(load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=controller"]
                                    + [f"{k}={v}" for k, v in params.items()]))
         gain = static.total_s / s.total_s - 1.0
         rows.append({"params": params, "total_s": s.total_s, "gain_vs_static": gain,

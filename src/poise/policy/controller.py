@@ -45,11 +45,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
-from poise.policy.split import Split
+from poise.policy.split import Split, parse_splits
 from poise.schema import check, help_field
 
 
@@ -81,6 +81,63 @@ class ControllerConfig:
               "must be >= 0 (a fraction of the step time, e.g. 0.15)")
         check(self.persistence_prior_steps > 0, "controller.persistence_prior_steps",
               self.persistence_prior_steps, "must be > 0 steps")
+
+
+@dataclass(frozen=True)
+class ResizeConfig:
+    """When the split changes and how (one section for `poise train` and scenarios)."""
+
+    policy: Literal["static", "controller"] = help_field(
+        "static", "static: the split holds (unless `schedule` says otherwise); controller: the "
+        "hysteresis resize controller decides once per step")
+    mode: Literal["live", "hard"] = help_field("live", "live (DynaResize) or hard (stop and rebuild) resize")
+    allowed_splits: tuple[Any, ...] = help_field((), "splits the controller may choose, e.g. [[6, 2], [4, 4]]; empty = all")
+    schedule: tuple[Any, ...] = help_field(
+        (), "forced resizes, e.g. [{at_step: 2, split: [1, 3]}]: step 2 and later run on 1+3 "
+        "(for tests and benchmarks; with policy static)")
+    inflight: Literal["drain", "abort"] = help_field(
+        "drain", "simulator, async only: let in-flight generation finish on the old split before "
+        "resizing (the paper's mixed step), or abort it at the decision and resume the unfinished "
+        "samples as partial samples on the new split (DESIGN.md, Resize). The runtime always aborts")
+    staging_mb: float = help_field(
+        4.0, "live resize: host buffer, MiB, through which a device joining the trainer receives "
+        "its optimizer state chunk by chunk")
+
+    def __post_init__(self) -> None:
+        check(self.staging_mb > 0, "resize.staging_mb", self.staging_mb, "must be > 0 MiB, e.g. 4")
+        check(not (self.schedule and self.policy == "controller"), "resize.schedule", list(self.schedule),
+              "a forced schedule and resize.policy=controller exclude each other; drop one")
+        self.scheduled()  # a malformed entry fails here, with the entry's index
+
+    def scheduled(self) -> dict[int, Split]:
+        """The schedule as {step that first runs on the split: split}."""
+        out: dict[int, Split] = {}
+        for i, entry in enumerate(self.schedule):
+            key = f"resize.schedule[{i}]"
+            check(isinstance(entry, dict) and set(entry) == {"at_step", "split"}, key, entry,
+                  "each entry is {at_step: N, split: [rollout, train]}")
+            at = entry["at_step"]
+            check(isinstance(at, int) and not isinstance(at, bool) and at >= 1, f"{key}.at_step", at,
+                  "must be an integer >= 1 (step 0 runs on cluster.split)")
+            check(at not in out, f"{key}.at_step", at, "two entries name the same step; keep one")
+            out[at] = Split.parse(entry["split"], f"{key}.split")
+        return dict(sorted(out.items()))
+
+
+class ScheduledResizes:
+    """A forced schedule, with the controller's interface: at the end of step k it resizes to the
+    split scheduled for step k+1 (tests and benchmarks; `resize.schedule`)."""
+
+    def __init__(self, schedule: dict[int, Split]):
+        self.schedule = dict(schedule)
+
+    def observe(self, obs: StepObservation) -> Decision:
+        target = self.schedule.get(obs.step + 1)
+        if target is None or target == obs.split:
+            return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "no resize scheduled")
+        return Decision(obs.step, obs.now, "resize", obs.split, target,
+                        f"resize.schedule: step {obs.step + 1} runs on {target.rollout}+{target.train}",
+                        signal=True)
 
 
 NO_HYSTERESIS = ControllerConfig(threshold=0.05, consecutive=1, dwell_s=0.0, cooldown_steps=0,
@@ -251,3 +308,20 @@ class ResizeController:
         return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.1f}s -> {preds[best]:.1f}s "
                                 f"per step, {self.resize_cost.mode} resize {cost_s:.0f}s pays back in "
                                 f"{break_even:.1f} steps; expect {persistence:.1f} more steps")
+
+
+def make_resize_policy(resize: ResizeConfig, controller: ControllerConfig, cost: CostModel, pipeline_mode: str,
+                       devices: int, devices_per_instance: int = 1, batch_cap: int = 64,
+                       micro_batches: int = 8) -> ResizePolicy:
+    """The resize policy of a job or a simulation: the split holds, follows a schedule, or the
+    controller decides (the same object in `poise train` and `poise simulate`)."""
+    if resize.schedule:
+        return ScheduledResizes(resize.scheduled())
+    if resize.policy == "controller":
+        from poise.policy.split import all_splits
+
+        allowed = parse_splits(resize.allowed_splits, "resize.allowed_splits") or \
+            tuple(all_splits(devices, devices_per_instance))
+        return ResizeController(controller, cost, pipeline_mode, resize.mode, allowed, devices_per_instance,
+                                batch_cap, micro_batches)
+    return StaticSplit()

@@ -258,6 +258,7 @@ class ContinuousBatch:
         self._live: list[tuple[int, int, int, Any]] = []  # heap: (finish step, admission no, ctx base, key)
         self._ctx_base = 0  # sum over live of (prompt_len - admission step): context sum = base + live * step
         self._admitted = 0
+        self._admit_step: dict[Any, int] = {}  # key -> decode step it was admitted at
 
     @property
     def live(self) -> int:
@@ -273,6 +274,7 @@ class ContinuousBatch:
         if len(self._live) >= self.cap:
             raise RuntimeError(f"continuous batch: all {self.cap} slots are live; advance before admitting")
         base = prompt_len - self._step
+        self._admit_step[key] = self._step
         heapq.heappush(self._live, (self._step + max(1, int(length)), self._admitted, base, key))
         self._admitted += 1
         self._ctx_base += base
@@ -291,8 +293,20 @@ class ContinuousBatch:
         while live and live[0][0] == end:
             _, _, base, key = heapq.heappop(live)
             self._ctx_base -= base
+            self._admit_step.pop(key, None)
             done.append(key)
         return seconds, done
+
+
+    def drain(self) -> list[tuple[Any, int]]:
+        """Remove every live sequence (an abort); returns (key, tokens generated so far) each."""
+        out = []
+        for _, _, base, key in sorted(self._live, key=lambda e: e[1]):
+            out.append((key, self._step - self._admit_step[key]))
+        self._live.clear()
+        self._ctx_base = 0
+        self._admit_step.clear()
+        return out
 
 
 def instance_finish_times(cost: CostModel, lengths: Sequence[int], prompt_lens: Sequence[int],

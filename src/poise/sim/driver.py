@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from poise.policy.allocator import StepWorkload, allocate
-from poise.policy.controller import Decision, ResizeController, ResizePolicy, StaticSplit, StepObservation
+from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
 from poise.policy.plan import StepPlan, plan_step
 from poise.policy.rankers import Finished, Prompt
-from poise.policy.split import Split, all_splits, parse_splits
+from poise.policy.split import Split, parse_splits
 from poise.runlog import RunLog
 from poise.schema import dump
 from poise.sim.scenario import ScenarioConfig
@@ -147,11 +147,8 @@ class Simulation:
         self.ranker, self.dispatcher = build_dispatch(sc.dispatch, sc.seed, self.cost, self.prompt_len,
                                                       sc.workload.samples_per_prompt,
                                                       oracle=lambda p: self._oracle[p.prompt_id])
-        self.controller: ResizePolicy = StaticSplit()
-        if sc.resize.policy == "dynamic":
-            allowed = parse_splits(sc.resize.allowed_splits) or tuple(all_splits(c.devices, self.tp))
-            self.controller = ResizeController(sc.controller, self.cost, sc.kind, sc.resize.mode,
-                                               allowed, self.tp, self.batch_cap, micro_batches)
+        self.controller: ResizePolicy = make_resize_policy(sc.resize, sc.controller, self.cost, sc.kind, c.devices,
+                                                           self.tp, self.batch_cap, micro_batches)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log: RunLog | _NullLog = RunLog(self.run_dir) if self.run_dir else _NullLog()
         self.records: list[StepRecord] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from poise.errors import PoiseError
-from poise.policy.controller import ControllerConfig
+from poise.policy.controller import ControllerConfig, ResizeConfig
 from poise.policy.cost import CostConfig
 from poise.policy.dispatch import DispatchConfig
 from poise.policy.pipeline import PipelineConfig
@@ -41,17 +41,6 @@ class SimClusterConfig:
         check(self.batch_cap >= 1, "cluster.batch_cap", self.batch_cap, "must be >= 1 slot")
         check(all(c >= 1 for c in self.batch_caps), "cluster.batch_caps", list(self.batch_caps), "caps must be >= 1")
         check(self.micro_batch_size >= 1, "cluster.micro_batch_size", self.micro_batch_size, "must be >= 1")
-
-
-@dataclass(frozen=True)
-class ResizeConfig:
-    policy: Literal["static", "dynamic"] = help_field("static", "static split, or the resize controller")
-    mode: Literal["live", "hard"] = help_field("live", "live (DynaResize) or hard (stop and rebuild) resize")
-    allowed_splits: tuple[Any, ...] = help_field((), "splits the controller may choose, e.g. [[6, 2], [4, 4]]; empty = all")
-    inflight: Literal["drain", "abort"] = help_field(
-        "drain", "async only: let in-flight generation finish on the old split before resizing "
-        "(the paper's mixed step), or abort it at the decision and resume the unfinished samples "
-        "as partial samples on the new split (DESIGN.md, Resize)")
 
 
 @dataclass(frozen=True)
