@@ -9,15 +9,20 @@ and emulated workers load and unpickle every section without importing torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from poise.data.tasks import Phase, validate_phases
 from poise.errors import ConfigError
+from poise.model.files import model_dir_problem
+from poise.policy.controller import ControllerConfig, ResizeConfig
 from poise.policy.dispatch import DispatchConfig
 from poise.policy.pipeline import PipelineConfig
 from poise.policy.plan import MICRO_BATCH_SIZE_HELP
+from poise.policy.split import parse_splits
+from poise.rewards.builtin import BUILTINS as REWARD_BUILTINS
 from poise.schema import check, help_factory, help_field, load
 
 
@@ -27,15 +32,21 @@ class RunConfig:
     steps: int = help_field(40, "RL steps (optimizer updates)")
     dir: str = help_field("runs/default", "run directory for config, logs and checkpoints")
     checkpoint_every: int = help_field(10, "save a checkpoint every N steps (and at the last step); 0 = last only")
+    keep_checkpoints: int = help_field(0, "after each save, delete all but the newest N checkpoints; 0 = keep all "
+                                          "(the default, as HF Trainer's save_total_limit: nothing is deleted "
+                                          "unless asked)")
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
     log_tokens: bool = help_field(False, "also write each sample's token ids and log-probs into its events.jsonl line")
     verify_sync: bool = help_field(False, "after every weight sync, check that each rollout device's weights digest "
                                           "equals the trainer's (hashes every weight: for tests and debugging)")
+    tensorboard: bool = help_field(False, "also write each metrics row's numbers as TensorBoard scalars into "
+                                          "RUN_DIR/tensorboard/ (needs the tensorboard package)")
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "must be >= 0")
+        check(self.keep_checkpoints >= 0, "keep_checkpoints", self.keep_checkpoints, "must be >= 0 (0 = keep all)")
         check(bool(self.dir), "dir", self.dir, "must name a directory")
 
 
@@ -56,7 +67,8 @@ class SFTConfig:
 class TinyModelConfig:
     """A small decoder that trains on a 2-core CPU in minutes."""
 
-    arch: Literal["qwen2", "llama"] = help_field("qwen2", "transformers architecture of the tiny model")
+    arch: Literal["qwen2", "llama", "qwen3", "mistral"] = help_field(
+        "qwen2", "transformers architecture of the tiny model")
     hidden_size: int = help_field(128, "model width")
     num_layers: int = help_field(2, "decoder layers")
     num_heads: int = help_field(4, "attention heads")
@@ -81,18 +93,37 @@ class ModelConfig:
     sft_if_missing: bool = help_field(False, "if `path` does not exist, make it with `poise sft` first")
     sft: SFTConfig = help_factory(SFTConfig, "the warm start used by sft_if_missing and `poise sft`")
 
+    def __post_init__(self) -> None:
+        problem = None if self.path is None else model_dir_problem(self.path)
+        check(problem is None, "path", self.path, problem or "")
+
 
 @dataclass(frozen=True)
 class DataConfig:
     phases: tuple[Phase, ...] = help_field((), "task mix over training: [{mix: {arith: 0.5, span: 0.25, "
                                                 "sort: 0.25}, until_step: 20}, ...]; empty = built-in mix")
     pool_size: int = help_field(512, "problems per phase, iterated in epochs")
-    dataset: str | None = help_field(None, "user dataset (JSONL or Parquet: prompt, answer, reward); "
-                                           "replaces the built-in tasks")
+    dataset: str | None = help_field(None, "user dataset: a .jsonl or .parquet file or a `datasets` "
+                                           "save_to_disk directory; replaces the built-in tasks")
+    prompt_key: str = help_field("prompt", "dataset column holding the prompt (GSM8K: question)")
+    answer_key: str = help_field("answer", "dataset column holding the reference answer; every other column "
+                                           "is kept with its row for the reward functions")
     tokenizer: str = help_field("char", "'char' (built-in), 'model' (saved beside the model) or a directory")
+    chat_template: bool = help_field(False, "format each prompt as a user message with the HF tokenizer's "
+                                            "chat template (and its generation prompt)")
+    system_prompt: str | None = help_field(None, "a system message before each prompt (needs chat_template)")
 
     def __post_init__(self) -> None:
         check(self.pool_size >= 1, "pool_size", self.pool_size, "must be >= 1")
+        check(bool(self.prompt_key), "prompt_key", self.prompt_key, "must name a dataset column")
+        check(bool(self.answer_key), "answer_key", self.answer_key, "must name a dataset column")
+        check(self.answer_key != self.prompt_key, "answer_key", self.answer_key,
+              "must differ from data.prompt_key; name the column of reference answers")
+        check(not self.chat_template or self.tokenizer != "char", "chat_template", True,
+              "the built-in char tokenizer has no chat template; set data.tokenizer to 'model' or an HF "
+              "tokenizer directory, or data.chat_template=false")
+        check(self.system_prompt is None or self.chat_template, "system_prompt", self.system_prompt,
+              "is part of the chat template; set data.chat_template=true or drop system_prompt")
         if self.phases:
             validate_phases(self.phases, "phases")
 
@@ -183,6 +214,9 @@ class ClusterConfig:
     connect_timeout_s: float = help_field(20.0, "give up joining a cluster or placing devices after this long")
     compute: Literal["real", "emulated"] = help_field("real", "emulated: the same actors with engine and "
                                                               "trainer compute replaced by sleeps from the cost model")
+    profile: str | None = help_field(None, "a `poise profile` JSON of this machine: the resize controller's "
+                                     "cost model on real compute (default: the built-in model, calibrated "
+                                     "to the measured step phases)")
 
     def __post_init__(self) -> None:
         check(self.devices >= 2, "devices", self.devices,
@@ -214,6 +248,73 @@ class EmulationConfig:
 
 
 @dataclass(frozen=True)
+class RewardFunctionConfig:
+    """One reward function of `reward.functions` (poise.rewards.functions resolves it at start)."""
+
+    fn: str = help_field("task", "a built-in (task, exact, items, math, code), an import path 'module:function' "
+                                 "or a file 'path/to/file.py:function'; TRL's signature "
+                                 "fn(prompts, completions, **columns) -> list[float]")
+    weight: float = help_field(1.0, "the run's reward is the weighted sum of its functions' rewards")
+    name: str = help_field("", "metrics key reward/<name>; empty = the built-in's name or the function's")
+
+    def __post_init__(self) -> None:
+        check(bool(self.fn.strip()), "fn", self.fn, "name a function: a built-in (task, exact, items, math, code), "
+                                                    "'module:function' or 'path/to/file.py:function'")
+        if ":" in self.fn:
+            where, _, attr = self.fn.rpartition(":")
+            check(bool(where) and all(part.isidentifier() for part in attr.split(".")), "fn", self.fn,
+                  "write 'module:function' or 'path/to/file.py:function'")
+        else:
+            check(self.fn in REWARD_BUILTINS, "fn", self.fn, f"unknown built-in; choose one of "
+                  f"{', '.join(REWARD_BUILTINS)}, or give 'module:function' or 'path/to/file.py:function'")
+        check(math.isfinite(self.weight), "weight", self.weight, "must be a finite number, e.g. 1.0")
+
+    @property
+    def label(self) -> str:
+        """Its metrics name: `name`, else the built-in's name or the function's attribute."""
+        return self.name or self.fn.rpartition(":")[2].rpartition(".")[2]
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How samples are scored: which functions, and the sandbox they run in (poise.rewards)."""
+
+    functions: tuple[RewardFunctionConfig | str, ...] = help_field(
+        (), "[{fn: my_module:score, weight: 1.0}, ...] (or just [math, 'file.py:f']); empty = the built-in per-row "
+            "task reward (`task`: each row's exact/items kind)")
+    timeout_s: float = help_field(10.0, "wall-clock seconds one function may take on one sample; past it the "
+                                        "sandbox worker is killed and replaced and the sample gets the fallback")
+    fallback: float = help_field(0.0, "the reward of a function that timed out, crashed, raised or returned "
+                                      "something other than one finite number (counted in reward_failures)")
+    workers: int = help_field(2, "sandboxed reward worker processes, started once per run")
+    memory_mb: int = help_field(2048, "address-space limit (RLIMIT_AS) of each reward worker, in MiB")
+    cpu_s: float = help_field(10.0, "CPU seconds (RLIMIT_CPU) one function may use on one sample")
+
+    def __post_init__(self) -> None:
+        entries = []
+        for i, f in enumerate(self.functions):
+            try:
+                entries.append(RewardFunctionConfig(fn=f) if isinstance(f, str) else f)
+            except ConfigError as e:  # the shorthand `- math` is checked here, not by schema.build
+                raise ConfigError(f"functions[{i}].{e.key}", e.value, e.allowed) from None
+        object.__setattr__(self, "functions", tuple(entries))
+        labels = [f.label for f in self.functions]
+        for i, label in enumerate(labels):
+            check(labels.index(label) == i, f"functions[{i}].name", label,
+                  "two functions would both report as reward/" + label + "; give one a distinct `name`")
+        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0, e.g. 10")
+        check(math.isfinite(self.fallback), "fallback", self.fallback, "must be a finite number, e.g. 0.0")
+        check(self.workers >= 1, "workers", self.workers, "must be >= 1")
+        check(self.memory_mb >= 64, "memory_mb", self.memory_mb, "must be >= 64 (a Python worker needs ~30 MiB)")
+        check(self.cpu_s > 0, "cpu_s", self.cpu_s, "must be > 0, e.g. 10")
+
+    @property
+    def resolved(self) -> tuple[RewardFunctionConfig, ...]:
+        """The functions that score a run: `functions`, or the built-in per-row `task` reward."""
+        return self.functions or (RewardFunctionConfig(),)
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run: RunConfig = help_factory(RunConfig, "run-level settings")
     model: ModelConfig = help_factory(ModelConfig, "policy model")
@@ -225,6 +326,11 @@ class TrainConfig:
     cluster: ClusterConfig = help_factory(ClusterConfig, "devices")
     dispatch: DispatchConfig = help_factory(DispatchConfig, "stream generation service dispatch")
     emulation: EmulationConfig = help_factory(EmulationConfig, "scenario and time scale of cluster.compute: emulated")
+    reward: RewardConfig = help_factory(RewardConfig, "reward functions and the sandbox they run in")
+    resize: ResizeConfig = help_factory(ResizeConfig, "live resizing: static split, a forced schedule, or the "
+                                        "resize controller")
+    controller: ControllerConfig = help_factory(ControllerConfig, "resize controller hysteresis "
+                                                "(resize.policy: controller)")
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
 
@@ -236,11 +342,33 @@ class TrainConfig:
         check(self.dispatch.ranker != "oracle" or self.cluster.compute == "emulated", "dispatch.ranker", "oracle",
               "needs the true output lengths, which only the simulator and cluster.compute=emulated have; "
               "use history or learned")
+        self._check_resize()
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
             check(s.max_new_tokens < need, "algorithm.sampling.max_new_tokens", s.max_new_tokens,
                   f"must leave room for the prompt within model.tiny.max_positions ({need})")
+
+
+    def _check_resize(self) -> None:
+        """A schedule or a controller needs a disaggregated pipeline and splits of this job."""
+        r = self.resize
+        if not r.schedule and r.policy == "static":
+            return
+        what = "resize.schedule" if r.schedule else "resize.policy"
+        check(self.pipeline.mode != "colocated", what, list(r.schedule) or r.policy,
+              "pipeline.mode=colocated has one device and nothing to resize; use sync or async, or drop it")
+        check(r.mode == "live", "resize.mode", r.mode,
+              "the runtime resizes live only (the simulator prices hard resizes); use live")
+        devices = self.cluster.devices
+        for at, split in r.scheduled().items():
+            check(split.rollout + split.train == devices, f"resize.schedule (at_step {at}).split", split.as_list(),
+                  f"must add up to cluster.devices={devices}")
+            check(at < self.run.steps, f"resize.schedule (at_step {at}).at_step", at,
+                  f"is beyond run.steps={self.run.steps} (steps 0..{self.run.steps - 1}); schedule an earlier step")
+        for i, split in enumerate(parse_splits(r.allowed_splits, "resize.allowed_splits")):
+            check(split.rollout + split.train == devices, f"resize.allowed_splits[{i}]", split.as_list(),
+                  f"must add up to cluster.devices={devices}")
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
@@ -249,4 +377,4 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
 
 __all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",
            "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig", "DispatchConfig",
-           "SFTConfig", "load_train_config", "ConfigError"]
+           "SFTConfig", "RewardConfig", "RewardFunctionConfig", "load_train_config", "ConfigError"]

@@ -64,3 +64,29 @@ def test_an_engine_error_reaches_the_caller_instead_of_a_hang():
         for _ in range(10):
             loop.take(0.5)
     loop.close()
+
+
+def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
+    """A live resize takes a rollout device while >= 3 sequences run on it: its finished samples,
+    partials and unstarted requests continue on another loop; every id ends once, at full length,
+    and a partial keeps the tokens it had (they are not generated again)."""
+    lengths = {(0, i, j): 40 + 13 * i + 5 * j for i in range(4) for j in range(4)}
+    first = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 8, time_scale=1.0))
+    first.submit([Request(sid, (1, 2, 3)) for sid in lengths], cap=6)
+    time.sleep(0.05)  # mid-generation
+    finished, partials, pending = first.abort()
+    assert first.take(0.0)[1] == 0  # nothing left in flight on the device that left
+    first.close()
+    assert len(partials) >= 3 and any(p.token_ids for p in partials), (len(partials), len(pending))
+    assert {p.finish_reason for p in partials} == {"abort"}
+    had = {p.sample_id: len(p.token_ids) for p in partials}
+
+    second = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 8, time_scale=1e-3))
+    second.resume(partials, pending, cap=8)
+    got, _ = _drain(second)
+    second.close()
+    ids = [s.sample_id for s in finished + got]
+    assert sorted(ids) == sorted(lengths)  # nothing lost, nothing twice
+    for s in finished + got:
+        assert len(s.token_ids) == lengths[s.sample_id]
+    assert all(0 <= n < lengths[sid] for sid, n in had.items())

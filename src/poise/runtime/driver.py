@@ -24,21 +24,26 @@ from poise.data.prompts import TaskSteps, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
 from poise.errors import PoiseError
 from poise.metrics import step_metrics
-from poise.policy.controller import StaticSplit, StepObservation
+from poise.policy.controller import ResizeController, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel
 from poise.policy.dispatch import build_dispatch
 from poise.policy.plan import StepPlan, plan_step
 from poise.policy.split import Split
-from poise.rundir import prepare_run_dir, truncate_metrics
+from poise.rewards.functions import resolve_functions
+from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log_failures, reward_metrics
+from poise.rundir import prepare_run_dir, truncate_logs
 from poise.runlog import RunLog
 from poise.runtime.cluster import connect, device_pool, free_port
+from poise.runtime.resize import ResizeReport, finish_report, live_resize, prewarm_rank_sets
 from poise.runtime.service import StreamGenerationService
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
 from poise.schema import dump
-from poise.train.checkpoint import latest_checkpoint
+from poise.train.checkpoint import latest_checkpoint, prune_checkpoints
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
+
+SCORE_WAIT_S = 0.02  # how long the driver waits for a just-arrived batch's rewards before taking the next batch
 
 
 class StepSource(Protocol):
@@ -50,6 +55,10 @@ class StepSource(Protocol):
     def prompt_ids(self, problem: Problem) -> Sequence[int]: ...
 
     def score(self, problem: Problem, sample: Sample) -> float: ...
+
+    def submit_scores(self, problems: list[Problem], samples: list[Sample]) -> PendingRewards:
+        """The samples' rewards, computed in the background (the reward sandbox) or already known."""
+        ...
 
 
 class Runtime:
@@ -72,8 +81,9 @@ class Runtime:
         self.rollout_ranks = list(range(rollout))
         self.train_ranks = list(range(rollout, rollout + train))
         self.leader = self.train_ranks[0]
-        # every worker creates the same groups in the same order: dist.new_group is collective
-        ray.get([w.prewarm_groups.remote([self.train_ranks, [self.leader] + self.rollout_ranks])
+        # every worker creates the same groups in the same order (dist.new_group is collective):
+        # those of this split and of every split a resize may move to
+        ray.get([w.prewarm_groups.remote(prewarm_rank_sets(Split(rollout, train), resize_transitions(cfg, split)))
                  for w in self.workers])
         ray.get([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
                 + [self.workers[d].set_role.remote("train") for d in self.train_ranks])
@@ -88,6 +98,9 @@ class Runtime:
                                                ranker, algo.group_size, cfg.rollout.num_slots)
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.scale_rewards, cfg.pipeline.streaming, algo.loss_agg)
+        self.emulation_cost = emulation.cost if emulation is not None else None
+        # wall seconds per cost-model second: the controller prices in model seconds
+        self.time_scale = emulation.device_spec.time_scale if emulation is not None else 1.0
 
     @property
     def split(self) -> Split:
@@ -112,14 +125,19 @@ class Runtime:
 
 
 class Driver:
-    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, source: StepSource):
+    def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, source: StepSource,
+                 policy: ResizePolicy | None = None):
         self.cfg, self.run_dir, self.rt, self.source = cfg, run_dir, runtime, source
         self.kind = cfg.pipeline.kind  # sync | stream | async
-        self.controller = StaticSplit()  # the resize controller's place (live resizing)
+        # static, a schedule, or the controller
+        self.policy = policy if policy is not None else resize_policy(cfg, runtime.emulation_cost)
+        self.pending_resize: ResizeReport | None = None  # completed by the first step on the new split
         self.version = 0
         self.start_step = 0
         self.t0 = time.time()
         self.generated: dict[int, list[tuple[Sample, float]]] = {}  # async: the next step, already generated
+        self.started: set[int] = set()  # steps whose generation was handed to the rollout devices
+        self.reward_results: dict[SampleId, RewardResult] = {}  # per function, until the step is logged
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -145,16 +163,19 @@ class Driver:
                     scored = self.generate(step, problems, stream_to_trainer=True)
                 t_gen = self.now()
                 syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
+                self.queue_next_generation(step)  # behind the sync on every rollout device
                 stats, micro, updates = self.rt.trainer.finish_step()  # train
                 t_train = self.now()
+                if self.pending_resize is not None:
+                    self.log_resize(log, updates)
                 self.version += 1
                 sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
                 t_end = self.now()
-                self.maybe_resize(log, step, plan, scored, t_start, t_gen, t_train, t_end)
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
                 self.checkpoint(step + 1)
+                self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
 
@@ -170,19 +191,49 @@ class Driver:
         return self.collect(problems, stream_to_trainer)
 
     def start_generation(self, step: int, problems: list[Problem]) -> None:
-        """Dispatch step `step`'s prompt groups over the rollout instances."""
+        """Dispatch step `step`'s prompt groups over the rollout instances (once per step)."""
+        if step in self.started:
+            return
+        self.started.add(step)
         self.rt.service.start_step(step, problems, [self.source.prompt_ids(p) for p in problems])
 
+    def queue_next_generation(self, step: int) -> None:
+        """Hand the rollout devices the next generation's queues now, right behind the weight sync
+        just queued: each actor runs its calls in order, so an engine starts on them the moment its
+        weights arrive, not a driver round trip (logging, checkpoint, planning) later. The next
+        generation is step k+1 in sync, k+2 in async (k+1 was generated during this step)."""
+        nxt = step + (2 if self.kind == "async" else 1)
+        if nxt < self.cfg.run.steps:
+            try:
+                self.start_generation(nxt, self.source.problems(nxt))
+            except Exception:  # noqa: BLE001 - not lost: step `nxt` plans again and raises it there,
+                self.started.discard(nxt)  # after this step is logged and checkpointed
+
     def collect(self, problems: list[Problem], stream_to_trainer: bool = False) -> list[tuple[Sample, float]]:
-        """Score every sample of the step in generation as its batch arrives (and train on it)."""
+        """Score every sample of the step in generation as its batch arrives (and train on it).
+        Each arrived batch goes to the reward sandbox at once; batches are taken back in arrival
+        order as they are scored (a fast reward within SCORE_WAIT_S), so slow rewards overlap the
+        generation and arrival of the next batches."""
         scored: list[tuple[Sample, float]] = []
+        pending: list[tuple[list[Sample], PendingRewards]] = []
         for batch in self.rt.service.stream():
-            part = [(s, self.source.score(problems[s.sample_id[1]], s)) for s in batch]
-            scored += part
-            if stream_to_trainer:
-                self.rt.trainer.feed(part)
+            pending.append((batch, self.source.submit_scores(problems, batch)))
+            pending[-1][1].done(wait_s=SCORE_WAIT_S)
+            while pending and pending[0][1].done():
+                scored += self.take_scored(*pending.pop(0), stream_to_trainer)
+        for batch, rewards in pending:
+            scored += self.take_scored(batch, rewards, stream_to_trainer)
         self.rt.service.observe([s for s, _ in scored])
         return scored
+
+    def take_scored(self, batch: list[Sample], rewards: PendingRewards, stream_to_trainer: bool
+                    ) -> list[tuple[Sample, float]]:
+        results = rewards.result()
+        self.reward_results.update((s.sample_id, r) for s, r in zip(batch, results))
+        part = [(s, r.value) for s, r in zip(batch, results)]
+        if stream_to_trainer:
+            self.rt.trainer.feed(part)
+        return part
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:
         """Wait for weights version `self.version` to reach every rollout device."""
@@ -198,20 +249,43 @@ class Driver:
                       devices=[self.rt.leader, *self.rt.rollout_ranks])
         return seconds
 
-    def maybe_resize(self, log: RunLog, step: int, plan: StepPlan, scored, t_start: float, t_gen: float,
-                     t_train: float, t_end: float) -> None:
-        """Where the resize controller decides; a static split holds (live resizing acts here)."""
+    def maybe_resize(self, log: RunLog, step: int, scored, times: tuple[float, float, float, float]) -> None:
+        """Once per step the resize policy decides (every decision is logged); a resize happens
+        here, live, between this step's weight sync and the next step's first update."""
+        if step + 1 >= self.cfg.run.steps:
+            return
+        t_start, t_gen, t_train, t_end = times
+        if self.pending_resize is not None and isinstance(self.policy, ResizeController):
+            return  # this step absorbed a resize: nothing to calibrate on (and in cooldown)
         lengths = tuple(len(s.token_ids) for s, _ in scored)
-        obs = StepObservation(step, t_end, self.rt.split, t_gen - t_start, t_train - t_gen, t_end - t_start, lengths,
+        k = 1.0 / self.rt.time_scale  # emulated compute: wall seconds -> the cost model's seconds
+        obs = StepObservation(step, k * t_end, self.rt.split, k * (t_gen - t_start), k * (t_train - t_gen),
+                              k * (t_end - t_start), lengths,
                               round(sum(len(s.prompt_ids) for s, _ in scored) / max(1, len(scored))))
-        decision = self.controller.observe(obs)
-        if decision.action == "resize" or decision.signal:
-            log.event("decision", t_end, **decision.event_fields())
+        decision = self.policy.observe(obs)
+        log.event("decision", t_end, **decision.event_fields())
+        if decision.action != "resize":
+            return
+        wall = time.time()
+        self.pending_resize = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
+        end = time.time()
+        for device in self.pending_resize.to_train + self.pending_resize.to_rollout:
+            log.event("interval", wall - self.t0, device=device, role="resize", phase="live_resize", step=step,
+                      start=wall - self.t0, end=end - self.t0)
+        self.resize_wall = (wall - self.t0, end - self.t0)
+
+    def log_resize(self, log: RunLog, updates: list[dict]) -> None:
+        """The `resize` event of the last resize, once its first step showed the barrier wait."""
+        report = finish_report(self.rt, self.pending_resize, updates)
+        start, end = self.resize_wall
+        log.event("resize", start, start=start, end=end, **report.event_fields())
+        self.pending_resize = None
 
     def checkpoint(self, done: int) -> None:
         run = self.cfg.run
         if done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
             ray.get(self.rt.workers[self.rt.leader].save_checkpoint.remote(str(self.run_dir), done, self.version))
+            prune_checkpoints(self.run_dir, run.keep_checkpoints)
 
     # --- the log -------------------------------------------------------------------------------
     def log_step(self, log: RunLog, step: int, problems: list[Problem], scored, stats: dict, micro: list[dict],
@@ -226,6 +300,9 @@ class Driver:
         row = step_metrics(step, samples, rewards, problems, stats,
                            {"rollout_s": t_gen - t_start, "train_wait_s": t_train - t_gen, "sync_s": t_end - t_train})
         row["split"] = self.rt.split.as_list()
+        results = [(s.sample_id, self.reward_results.pop(s.sample_id)) for s in samples]
+        row.update(reward_metrics(r for _, r in results))  # reward/<function> means, reward_failures
+        log_failures(log, t_gen, step, results, self.cfg.reward.fallback)
         rel = lambda wall: wall - self.t0  # noqa: E731 - workers report wall-clock times
         for device, start, end in self.rt.service.busy.get(step, []):
             log.event("interval", rel(start), device=device, role="rollout", phase="generate", step=step,
@@ -241,7 +318,7 @@ class Driver:
             log.event("sample", rel(s.finish_time), id=list(s.sample_id), step=step,
                       prompt_id=problems[s.sample_id[1]].uid, output_length=len(s.token_ids),
                       weights_version=s.weights_version, instance=self.rt.service.instance_of[s.sample_id],
-                      submit=rel(s.submit_time), finish=rel(s.finish_time),
+                      submit=rel(s.submit_time), finish=rel(s.finish_time), reward=rewards[s.sample_id],
                       **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}))
         self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
@@ -249,6 +326,48 @@ class Driver:
                   tokens=row["tokens"], split=row["split"], mode=self.cfg.pipeline.mode)
         log.metrics(row)
         return row
+
+
+def resize_transitions(cfg: TrainConfig, initial: tuple[int, int]) -> list[tuple[Split, Split]]:
+    """Every (from, to) split a resize of this job may make: the schedule's chain, or any pair of
+    the controller's allowed splits."""
+    r = cfg.resize
+    first = Split(*initial)
+    if r.schedule:
+        chain = [first] + list(r.scheduled().values())
+        return [(a, b) for a, b in zip(chain, chain[1:]) if a != b]
+    if r.policy == "controller":
+        from poise.policy.split import all_splits, parse_splits
+
+        allowed = set(parse_splits(r.allowed_splits, "resize.allowed_splits") or all_splits(cfg.cluster.devices))
+        allowed.add(first)
+        ordered = sorted(allowed, key=lambda s: s.rollout)
+        return [(a, b) for a in ordered for b in ordered if a != b]
+    return []
+
+
+def resize_policy(cfg: TrainConfig, emulation_cost: CostModel | None) -> ResizePolicy:
+    """The job's resize policy, as the simulator builds it. Its cost model: the scenario's under
+    emulated compute; on real compute this machine's `poise profile` (cluster.profile), else the
+    built-in model, which the controller calibrates to the measured step phases."""
+    cost = emulation_cost
+    if cost is None:
+        cost = CostModel()
+        if cfg.cluster.profile is not None:
+            import json
+
+            path = Path(cfg.cluster.profile)
+            try:
+                cost = CostModel.from_profile(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise PoiseError(f"cluster.profile '{path}' is not a `poise profile` JSON ({e}); "
+                                 "write one with `poise profile --out PATH` or drop cluster.profile") from None
+    a = cfg.algorithm
+    micro = sum(len(m.micro) for m in plan_step(0, a.prompts_per_step, a.group_size,
+                                                 updates_per_step=a.updates_per_step,
+                                                 micro_batch_size=a.micro_batch_size).minis)
+    return make_resize_policy(cfg.resize, cfg.controller, cost, cfg.pipeline.kind, cfg.cluster.devices, 1,
+                              cfg.rollout.num_slots, micro)
 
 
 def choose_split(cfg: TrainConfig, source: StepSource) -> tuple[int, int]:
@@ -279,6 +398,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
+    resolve_functions(cfg.reward)
     emulation = None
     if cfg.cluster.compute == "emulated":  # no model anywhere: no warm start, nothing to load
         from poise.runtime.emulated import Emulation
@@ -288,23 +408,27 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     else:
         _prepare_model(cfg)
     checkpoint = latest_checkpoint(run_dir) if resume else None
+    rewards = RewardScorer(cfg.reward) if emulation is None else None  # the reward sandbox: user code loads there
     source: StepSource = emulation if emulation is not None else \
-        TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step)
+        TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)
     split = emulation.split() if emulation is not None else choose_split(cfg, source)
     if not resume:
         dump(cfg, run_dir / "config.yaml")
+    policy = resize_policy(cfg, emulation.cost if emulation is not None else None)  # a bad profile fails here
     runtime = Runtime(cfg, split, source, dispatcher, emulation)
     try:
-        driver = Driver(cfg, run_dir, runtime, source)
+        driver = Driver(cfg, run_dir, runtime, source, policy)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
             states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])
             driver.start_step, driver.version = states[0]
-            truncate_metrics(run_dir, driver.start_step)
-        with RunLog(run_dir, append=resume, background=True) as log:
+            truncate_logs(run_dir, driver.start_step)  # no step logged twice
+        with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard) as log:
             return driver.run(log)
     finally:
         runtime.shutdown()
+        if rewards is not None:
+            rewards.close()  # the reward sandbox's workers end with the run
 
 
 def _prepare_model(cfg: TrainConfig) -> None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 from array import array
 import random
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from poise.policy.cost import ContinuousBatch, CostModel
 from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.plan import micro_normaliser
 from poise.policy.rankers import Finished, Prompt
+from poise.rewards.scorer import PendingRewards, RewardResult
 from poise.sim.scenario import ScenarioConfig, load_scenario
 from poise.sim.workload import _seed, make_workload
 from poise.types import Request, Sample, SampleId
@@ -95,8 +97,9 @@ class _Lengths:
 @dataclass
 class _Live:
     request: Request
-    length: int  # tokens it will generate
+    length: int  # tokens it will generate in all
     submit_time: float
+    done: int = 0  # tokens a partial already had (resumed after an abort elsewhere)
 
 
 def _zeros(n: int) -> array:
@@ -129,7 +132,12 @@ class EmulatedEngine:
         self._deadline: float | None = None
 
     def submit(self, request: Request) -> None:
-        self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), self._now()))
+        now = self._now()
+        if self._deadline is None:
+            # the schedule starts when work arrives: looking up a new step's lengths in the
+            # scenario workload (tens of ms on a loaded host) is the emulator's cost, not a device's
+            self._deadline = now
+        self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), now))
 
     @property
     def idle(self) -> bool:
@@ -149,7 +157,9 @@ class EmulatedEngine:
         while self._queue and self._batch.free:
             seq = self._queue.popleft()
             self._live[self._admitted] = seq
-            prefill += self._batch.admit(self._admitted, len(seq.request.prompt_ids), seq.length)
+            # a resumed partial re-prefills prompt + its tokens, as the real engine does
+            prefill += self._batch.admit(self._admitted, len(seq.request.prompt_ids) + seq.done,
+                                         seq.length - seq.done)
             self._admitted += 1
         if not self._live:
             return []
@@ -166,6 +176,33 @@ class EmulatedEngine:
             self._deadline = None
         return [Sample(tuple(s.request.sample_id), s.request.prompt_ids, _zeros(s.length), (), "length",
                        self.version, s.submit_time, now, s.length) for s in finished]
+
+    def abort(self) -> list[Sample]:
+        """Stop every queued and running sequence (between two decode segments: the engine loop
+        holds the engine lock); returns their partial samples, tokens so far included."""
+        now = self._now()
+        progress = dict(self._batch.drain())  # admission number -> tokens generated here
+        seqs = [(self._live[key], progress.get(key, 0)) for key in sorted(self._live)]
+        seqs += [(seq, 0) for seq in self._queue]
+        self._live.clear()
+        self._queue.clear()
+        self._deadline = None
+        return sorted((Sample(tuple(seq.request.sample_id), tuple(seq.request.prompt_ids), _zeros(seq.done + n), (),
+                              "abort", self.version, seq.submit_time, now, seq.length)
+                       for seq, n in seqs), key=lambda s: s.sample_id)
+
+    def resume(self, partials: Sequence[Sample]) -> None:
+        """Continue partial samples from `abort` (here or on another engine), ahead of the queue."""
+        now = self._now()
+        if self._deadline is None:
+            self._deadline = now
+        for partial in reversed(list(partials)):
+            if partial.token_ids and partial.weights_version != self.version:
+                raise RuntimeError(f"emulated engine: partial {partial.sample_id} was made under weights version "
+                                   f"{partial.weights_version}, this engine holds {self.version}")
+            request = Request(tuple(partial.sample_id), tuple(partial.prompt_ids))
+            self._queue.appendleft(_Live(request, self.lengths(tuple(partial.sample_id)), partial.submit_time,
+                                         len(partial.token_ids)))
 
     def load_weights(self, named_tensors, version: int) -> None:
         if not self.idle:
@@ -186,6 +223,8 @@ class EmulatedTrainShard:
         self.rank, self.cost, self.scale, self.loss_agg = rank, cost, time_scale, loss_agg
         self._normalisers: dict[int, float] = {}  # micro-batch index -> its normaliser
         self.version = 0
+        self._staging: threading.Thread | None = None
+        self._staging_report: dict = {}
 
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict:
         start = time.time()
@@ -203,8 +242,10 @@ class EmulatedTrainShard:
                 "tokens": tokens, "start": start, "end": time.time(), "device": self.rank}
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int]) -> dict:
-        start = time.time()
+                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
+        # timed from when the last micro-batch ended (a real all-gather starts then; an emulated
+        # shard hears of it one notification later), as EmulatedSync.publish
+        start = time.time() if inputs_ready is None else min(time.time(), inputs_ready)
         if set(self._normalisers) != set(range(lo, hi)):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
                                f"got {sorted(self._normalisers)}")
@@ -212,10 +253,42 @@ class EmulatedTrainShard:
         if normaliser < own or normaliser <= 0:
             raise RuntimeError(f"device {self.rank}: step normaliser {normaliser} is below this device's own "
                                f"micro-batches' {own}; the trainer group summed the wrong samples")
-        self._sleep(self.cost.train_fixed_s(len(train_ranks)))  # reduction + optimizer step
+        barrier_s = self.wait_staging()
+        if barrier_s > 0:  # the step itself starts once the optimizer state is whole
+            start = time.time()
+        wait = start + self.cost.train_fixed_s(len(train_ranks)) * self.scale - time.time()  # reduction + step
+        if wait > 0:
+            time.sleep(wait)
         self._normalisers.clear()
         self.version += 1
-        return {"grad_norm": 0.0, "start": start, "end": time.time(), "device": self.rank}
+        return {"grad_norm": 0.0, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+
+    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+        """The joiner's optimizer restore, priced by the cost model's live-resize background phases,
+        on a background thread that the next update waits for (as the real transfer)."""
+        self.wait_staging()
+        seconds = self.cost.resize("live").background_s if self.rank != src else 0.0
+
+        def run() -> None:
+            t = time.time()
+            self._sleep(seconds)
+            self._staging_report = {"bytes": 0, "seconds": time.time() - t, "peak_buffer_bytes": 0}
+
+        self._staging = threading.Thread(target=run, name="optimizer-staging", daemon=True)
+        self._staging.start()
+
+    def wait_staging(self) -> float:
+        if self._staging is None:
+            return 0.0
+        t = time.time()
+        self._staging.join()
+        return time.time() - t
+
+    def staging_report(self) -> dict:
+        return dict(self._staging_report)
+
+    def drop_optimizer(self) -> None:
+        self.wait_staging()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
         return ""  # an emulated device holds no weights
@@ -241,10 +314,18 @@ class EmulatedSync:
     def prewarm(self, rank_sets: list[list[int]]) -> int:
         return len(rank_sets)  # no torch.distributed world: nothing to create
 
-    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
-        start = time.time()
-        if self.cost.sync_s() > 0:
-            time.sleep(self.cost.sync_s() * self.scale)
+    def groups_created_after_prewarm(self) -> int:
+        return 0
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
+                sender_ready: float | None = None) -> float:
+        # A real broadcast starts when the sender enters it (receivers wait inside the
+        # collective); an emulated receiver learns of that moment one notification later, so the
+        # transfer is timed from `sender_ready`, not from when the notification arrived.
+        start = time.time() if sender_ready is None else min(time.time(), sender_ready)
+        wait = start + self.cost.sync_s() * self.scale - time.time()
+        if wait > 0:
+            time.sleep(wait)
         self.engine_call(lambda engine: engine.set_weights_version(version))
         return time.time() - start
 
@@ -292,7 +373,8 @@ class Emulation:
     The scenario supplies the workload (prompts per step and group size replace the algorithm
     section's, so the ledger expects exactly the scenario's samples) and the cost model; the
     TrainConfig keeps devices, split, pipeline, micro-batch size, dispatch policy and ranker,
-    slots, seed, steps and the run directory, and `scenario` is updated to match them (so the
+    resize policy and controller, slots, seed, steps and the run directory, and `scenario` is
+    updated to match them (so the
     allocator and `poise simulate` of it price the same job).
     """
 
@@ -309,8 +391,9 @@ class Emulation:
                              "checkpoint; start the run again (it is a timing emulation, not training)")
         e = cfg.emulation
         sc = load_scenario(e.scenario, list(e.overrides))
-        sc = dataclasses.replace(sc, pipeline=cfg.pipeline, dispatch=cfg.dispatch, cluster=dataclasses.replace(
-            sc.cluster, micro_batch_size=cfg.algorithm.micro_batch_size))
+        sc = dataclasses.replace(sc, pipeline=cfg.pipeline, dispatch=cfg.dispatch, resize=cfg.resize,
+                                 controller=cfg.controller, cluster=dataclasses.replace(
+                                     sc.cluster, micro_batch_size=cfg.algorithm.micro_batch_size))
         w = sc.workload
         algorithm = dataclasses.replace(cfg.algorithm, prompts_per_step=w.prompts_per_step,
                                         group_size=w.samples_per_prompt)
@@ -366,3 +449,7 @@ class Emulation:
     def score(self, problem: Problem, sample: Sample) -> float:
         # a Random per id: the FNV seed's low bit is a parity of the id's characters, not a coin
         return float(random.Random(_seed("reward", self.scenario.seed, tuple(sample.sample_id))).random() < 0.5)
+
+    def submit_scores(self, problems: list[Problem], samples: Sequence[Sample]) -> PendingRewards:
+        """`score` of each sample, already known: an emulated job runs no reward functions."""
+        return PendingRewards.ready([RewardResult(self.score(problems[s.sample_id[1]], s)) for s in samples])

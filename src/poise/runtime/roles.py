@@ -38,6 +38,14 @@ class RolloutEngine(Protocol):
     @property
     def num_queued(self) -> int: ...
 
+    def abort(self) -> list[Sample]:
+        """Stop every queued and running sequence; their partial samples (finish_reason 'abort')."""
+        ...
+
+    def resume(self, partials: Sequence[Sample]) -> None:
+        """Continue partial samples (from `abort` on any engine holding the same weights)."""
+        ...
+
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None: ...
 
     def set_weights_version(self, version: int) -> None: ...
@@ -47,7 +55,10 @@ class TrainShard(Protocol):
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict: ...
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int]) -> dict: ...
+                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
+        """Reduce and step; `inputs_ready`: wall time the mini-batch's last micro-batch ended (a
+        real shard's all-gather waits for it by itself)."""
+        ...
 
     def save_checkpoint(self, run_dir: str, step: int, version: int) -> str: ...
 
@@ -55,12 +66,26 @@ class TrainShard(Protocol):
 
     def digest(self) -> str: ...
 
+    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+        """Live resize: send (rank == src) or receive the optimizer state in the background."""
+        ...
+
+    def wait_staging(self) -> float: ...
+
+    def staging_report(self) -> dict: ...
+
+    def drop_optimizer(self) -> None: ...
+
 
 class WeightSync(Protocol):
     def prewarm(self, rank_sets: list[list[int]]) -> int: ...
 
-    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
-        """Send (rank == src) or receive the weights into the engine, stamping `version`."""
+    def groups_created_after_prewarm(self) -> int: ...
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
+                sender_ready: float | None = None) -> float:
+        """Send (rank == src) or receive the weights into the engine, stamping `version`;
+        `sender_ready`: wall time the sender's last update ended (when the transfer can start)."""
         ...
 
 
@@ -83,6 +108,8 @@ class EngineLoop:
         self._busy_since: float | None = None
         self._busy: list[tuple[float, float]] = []  # closed busy intervals not yet taken
         self._stop = False
+        self._admitting: list[Request] = []  # taken from _pending by the loop, not yet in the engine
+        self._epoch = 0  # bumped by every abort
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -104,6 +131,34 @@ class EngineLoop:
             out, self._outbox = self._outbox, []
             busy, self._busy = self._busy, []
             return out, self._in_flight, busy
+
+    def abort(self) -> tuple[list[Sample], list[Sample], list[Request]]:
+        """Stop generating (a live resize takes this device): returns the finished samples not yet
+        taken, the partial samples of every running or engine-queued sequence, and the requests
+        that never reached the engine. Nothing is left in flight here."""
+        with self._engine_lock, self._cv:  # between two engine steps
+            self._raise_error()
+            partials = self.engine.abort()
+            pending = self._admitting + list(self._pending)  # taken by the loop but not yet submitted, first
+            self._pending, self._admitting = deque(), []
+            self._epoch += 1
+            finished, self._outbox = self._outbox, []
+            self._in_flight = 0
+            if self._busy_since is not None:
+                self._busy.append((self._busy_since, self.clock()))
+                self._busy_since = None
+            self._cv.notify_all()
+            return finished, partials, pending
+
+    def resume(self, partials: Sequence[Sample], requests: Sequence[Request], cap: int) -> None:
+        """Take over another device's partial samples (continued first) and unstarted requests."""
+        with self._engine_lock, self._cv:
+            self._raise_error()
+            self.engine.resume(partials)
+            self._cap = max(1, cap)
+            self._pending.extend(requests)
+            self._in_flight += len(partials) + len(requests)
+            self._cv.notify_all()
 
     def with_engine(self, fn):
         """Run `fn(engine)` with the loop paused between steps (weights, versions, checkpoints)."""
@@ -128,24 +183,28 @@ class EngineLoop:
                     return
                 room = self._cap - self.engine.num_running - self.engine.num_queued
                 admit = [self._pending.popleft() for _ in range(max(0, min(room, len(self._pending))))]
+                self._admitting, epoch = admit, self._epoch
                 if self._busy_since is None:
                     self._busy_since = self.clock()
             try:
                 with self._engine_lock:
+                    if epoch != self._epoch:  # an abort came in between and handed `admit` on
+                        continue
                     for request in admit:
                         self.engine.submit(request)
+                    self._admitting = []
                     finished = self.engine.step()
+                    with self._cv:  # under the engine lock too: an abort sees all of a step or none
+                        self._outbox.extend(finished)
+                        self._in_flight -= len(finished)
+                        if self._in_flight == 0:
+                            self._busy.append((self._busy_since, self.clock()))
+                            self._busy_since = None
+                        if finished or self._busy_since is None:
+                            self._cv.notify_all()
             except BaseException as e:  # noqa: BLE001 - handed to the driver by the next take
                 with self._cv:
                     self._error = e
                     self._pending.clear()
                     self._cv.notify_all()
                 return
-            with self._cv:
-                self._outbox.extend(finished)
-                self._in_flight -= len(finished)
-                if self._in_flight == 0:
-                    self._busy.append((self._busy_since, self.clock()))
-                    self._busy_since = None
-                if finished or self._busy_since is None:
-                    self._cv.notify_all()

@@ -40,6 +40,8 @@ class StreamGenerationService:
         self.busy: dict[int, list[tuple[int, float, float]]] = defaultdict(list)  # step -> (device, start, end)
         self._prompts: dict[tuple[int, int], Prompt] = {}  # (step, prompt index) -> prompt, until observed
         self._step = -1
+        self._caps: dict[int, int] = {}  # device -> live-batch cap of the step in flight
+        self.carried: list[Sample] = []  # finished on a device a resize took, not yet streamed
 
     def start_step(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]]) -> DispatchPlan:
         """Plan the step's prompt groups over the instances and hand every instance its queue."""
@@ -52,6 +54,7 @@ class StreamGenerationService:
                 queues[instance_id].append(Request((step, prompt_index, j), prompt_ids[prompt_index]))
                 self.instance_of[(step, prompt_index, j)] = self.instances[instance_id].device
         caps = [max(1, min(self.num_slots, plan.batch_caps.get(i, self.num_slots))) for i in range(len(queues))]
+        self._caps = {inst.device: cap for inst, cap in zip(self.instances, caps)}
         # not awaited: an actor runs one caller's calls in order, so every `take` comes after its
         # `submit`, and a failed submit surfaces there
         for inst, q, cap in zip(self.instances, queues, caps):
@@ -64,6 +67,9 @@ class StreamGenerationService:
 
     def stream(self) -> Iterator[list[Sample]]:
         """Yield the step's finished samples in batches, as they come, until every one is out."""
+        if self.carried:
+            batch, self.carried = self.carried, []
+            yield batch
         refs = {inst.worker.take.remote(self.take_seconds): inst for inst in self.instances if inst.in_flight}
         while refs:
             ray.wait(list(refs), num_returns=1)  # the first instance with news ...
@@ -78,6 +84,42 @@ class StreamGenerationService:
                     refs[inst.worker.take.remote(self.take_seconds)] = inst
             if batch:
                 yield batch
+
+    # --- live resize -----------------------------------------------------------------------------
+    def remove_instances(self, devices: Sequence[int]) -> None:
+        """Devices leaving the rollout role (their work was taken back with `abort_generation`)."""
+        self.instances = [inst for inst in self.instances if inst.device not in devices]
+
+    def add_instances(self, workers: Sequence[object], devices: Sequence[int]) -> None:
+        """Devices joining the rollout role; the dispatcher plans over them from the next step."""
+        self.instances = sorted(self.instances + [_Instance(w, d) for w, d in zip(workers, devices)],
+                                key=lambda inst: inst.device)
+
+    def hand_over(self, finished: Sequence[Sample], partials: Sequence[Sample], requests: Sequence[Request]) -> int:
+        """A leaving device's work: its finished samples wait for the next `stream`; its partial
+        samples and unstarted requests go, a prompt group at a time, to the instance with the
+        least in flight (which sample runs where changes no token). Returns the samples moved."""
+        self.carried.extend(finished)
+        groups: dict[tuple[int, int], tuple[list[Sample], list[Request]]] = {}
+        for p in partials:
+            groups.setdefault(tuple(p.sample_id[:2]), ([], []))[0].append(p)
+        for r in requests:
+            groups.setdefault(tuple(r.sample_id[:2]), ([], []))[1].append(r)
+        work: dict[int, tuple[list[Sample], list[Request]]] = {}
+        for key in sorted(groups):
+            inst = min(self.instances, key=lambda i: (i.in_flight, i.device))
+            parts, reqs = groups[key]
+            mine = work.setdefault(inst.device, ([], []))
+            mine[0].extend(parts)
+            mine[1].extend(reqs)
+            inst.in_flight += len(parts) + len(reqs)
+            for sid in [p.sample_id for p in parts] + [r.sample_id for r in reqs]:
+                self.instance_of[tuple(sid)] = inst.device
+        for inst in self.instances:
+            if inst.device in work:
+                parts, reqs = work[inst.device]
+                inst.worker.resume_generation.remote(parts, reqs, self._caps.get(inst.device, self.num_slots))
+        return len(partials) + len(requests)
 
     def observe(self, samples: Sequence[Sample]) -> None:
         """Feed finished lengths to the ranker (the history/learned rankers learn from them)."""

@@ -10,6 +10,7 @@ so the update is the colocated loop's, bit for bit, for any number of train devi
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from pathlib import Path
 
@@ -30,12 +31,18 @@ class CommunicatorCache:
 
     def __init__(self) -> None:
         self._groups: dict[frozenset[int], object] = {}
+        self.created_after_prewarm = 0  # groups a resize had to create on its critical path
+        self._prewarmed = False
 
     def get(self, ranks: list[int] | tuple[int, ...]):
         key = frozenset(ranks)
         if key not in self._groups:
             self._groups[key] = dist.new_group(sorted(key))
+            self.created_after_prewarm += self._prewarmed
         return self._groups[key]
+
+    def prewarmed(self) -> None:
+        self._prewarmed = True
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -56,6 +63,7 @@ class TorchTrainShard:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
         self._grads: dict[int, torch.Tensor] = {}  # micro-batch index -> flat gradient
+        self._staging: OptimizerStaging | None = None  # a live resize's optimizer transfer in flight
 
     def train_micro_batch(self, index: int, samples, advantages) -> dict:
         start = time.time()
@@ -66,13 +74,14 @@ class TorchTrainShard:
                 "start": start, "end": time.time(), "device": self.rank}
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int]) -> dict:
+                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
         """Reduce the mini-batch's micro-batch gradients over the train ranks and take one step.
 
         bitwise: this rank's aligned tree nodes over [lo, hi) are all-gathered and combined in the
         fixed tree order; semantic: a local sum and an ordinary all-reduce.
         """
         start = time.time()
+        barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
         if set(self._grads) != set(range(lo, hi)):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
                                f"got {sorted(self._grads)}")
@@ -102,10 +111,36 @@ class TorchTrainShard:
             offset += p.numel()
         norm = self.trainer.apply_update(grads, normaliser)
         self._grads.clear()
-        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank}
+        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+
+    # ---- live resize ------------------------------------------------------------------------
+    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+        """Start sending (rank == src) or receiving this shard's optimizer state over the cached
+        group of `ranks`, in the background; the next update or checkpoint waits for it."""
+        self.wait_staging()
+        self._staging = OptimizerStaging(self.rank, src, self.comm.get(ranks), self.trainer, buffer_bytes,
+                                         self.device)
+
+    def wait_staging(self) -> float:
+        """Block until a staging transfer is done (the explicit barrier); returns seconds waited."""
+        if self._staging is None:
+            return 0.0
+        t = time.time()
+        self._staging.join()
+        return time.time() - t
+
+    def staging_report(self) -> dict:
+        """What the last staging moved (bytes, seconds, peak host buffer); empty if none."""
+        return self._staging.report if self._staging is not None else {}
+
+    def drop_optimizer(self) -> None:
+        """Leaving the trainer: free the optimizer state (a peer re-sends it if this device returns)."""
+        self.wait_staging()
+        self.trainer.optimizer.state.clear()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
         """Write this replica's weights, optimizer and RNG (the colocated loop's format)."""
+        self.wait_staging()
         return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version)))
 
     def load_checkpoint(self, path: str) -> tuple[int, int]:
@@ -115,6 +150,94 @@ class TorchTrainShard:
 
     def digest(self) -> str:
         return weights_digest(self.trainer.model)
+
+
+class OptimizerStaging:
+    """A live resize's optimizer transfer from train rank `src` to the devices joining the trainer
+    (DynaResize §3.3), on a background thread: the AdamW state of every parameter, in parameter
+    order (step, exp_avg, exp_avg_sq), flows through one bounded buffer of `buffer_bytes`, chunk by
+    chunk, by broadcast over the cached group. The joiner meanwhile runs its first forward/backward;
+    its optimizer step waits on `join` (so the update is exact: the state is a bitwise copy)."""
+
+    def __init__(self, rank: int, src: int, group, trainer: PolicyTrainer, buffer_bytes: int,
+                 device: torch.device):
+        self.rank, self.src, self.group, self.trainer, self.device = rank, src, group, trainer, device
+        self.buffer_bytes = buffer_bytes
+        self.report: dict = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="optimizer-staging", daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"device {self.rank}: optimizer staging from device {self.src} failed: "
+                               f"{self._error!r}") from self._error
+
+    def _views(self) -> list[torch.Tensor]:
+        """The state as flat float32 views, in the one canonical order both sides agree on."""
+        opt = self.trainer.optimizer
+        views = []
+        for p in self.trainer.params:
+            if self.rank != self.src:  # the receiver writes straight into fresh state tensors
+                opt.state[p] = {"step": torch.zeros((), dtype=torch.float32),
+                                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+            st = opt.state[p]
+            views += [st["step"].view(1), st["exp_avg"].view(-1), st["exp_avg_sq"].view(-1)]
+        return views
+
+    def _run(self) -> None:
+        try:
+            t0 = time.time()
+            opt, sending = self.trainer.optimizer, self.rank == self.src
+            has = torch.tensor([1.0 if sending and opt.state else 0.0], device=self.device)
+            dist.broadcast(has, src=self.src, group=self.group)  # before the first update there is none
+            if not has.item():
+                opt.state.clear()
+                self.report = {"bytes": 0, "seconds": time.time() - t0, "peak_buffer_bytes": 0}
+                return
+            views = self._views()
+            total = sum(v.numel() for v in views)
+            buf = torch.empty(min(total, max(1, self.buffer_bytes // 4)), dtype=torch.float32, device=self.device)
+            cursor = [0, 0]  # (view, offset in it)
+            moved = 0
+            while moved < total:
+                n = min(buf.numel(), total - moved)
+                if sending:
+                    _copy_chunk(views, cursor[:], buf[:n], into_buffer=True)
+                dist.broadcast(buf[:n], src=self.src, group=self.group)
+                if not sending:
+                    _copy_chunk(views, cursor[:], buf[:n], into_buffer=False)
+                _advance(views, cursor, n)
+                moved += n
+            self.report = {"bytes": 4 * total, "seconds": time.time() - t0, "peak_buffer_bytes": 4 * buf.numel()}
+        except BaseException as e:  # noqa: BLE001 - raised by join, on the update that needs the state
+            self._error = e
+
+
+def _copy_chunk(views: list[torch.Tensor], cursor: list[int], buf: torch.Tensor, into_buffer: bool) -> None:
+    """Copy len(buf) elements between the views (from `cursor`) and the buffer."""
+    filled = 0
+    vi, off = cursor
+    while filled < buf.numel():
+        v = views[vi]
+        n = min(v.numel() - off, buf.numel() - filled)
+        if into_buffer:
+            buf[filled:filled + n].copy_(v[off:off + n])
+        else:
+            v[off:off + n].copy_(buf[filled:filled + n])
+        filled += n
+        vi, off = (vi + 1, 0) if off + n == v.numel() else (vi, off + n)
+
+
+def _advance(views: list[torch.Tensor], cursor: list[int], n: int) -> None:
+    vi, off = cursor
+    while n:
+        step = min(views[vi].numel() - off, n)
+        n -= step
+        vi, off = (vi + 1, 0) if off + step == views[vi].numel() else (vi, off + step)
+    cursor[0], cursor[1] = vi, off
 
 
 class BroadcastSync:
@@ -132,10 +255,15 @@ class BroadcastSync:
     def prewarm(self, rank_sets: list[list[int]]) -> int:
         for ranks in rank_sets:
             self.comm.get(ranks)
+        self.comm.prewarmed()
         return len(self.comm)
 
-    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float) -> float:
-        start = time.time()
+    def groups_created_after_prewarm(self) -> int:
+        return self.comm.created_after_prewarm
+
+    def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
+                sender_ready: float | None = None) -> float:
+        start = time.time()  # the broadcast itself waits for the sender: `sender_ready` is not needed
         group = self.comm.get(ranks)
         named = list(self.model.named_parameters())
         limit = max(1, int(bucket_mb * 2**20) // 4)

@@ -63,6 +63,10 @@ class TrainerGroup:
         self.workers, self.ranks = list(workers), list(ranks)
         self.scale_rewards, self.streaming, self.loss_agg = scale_rewards, streaming, loss_agg
 
+    def set_devices(self, workers: Sequence[object], ranks: Sequence[int]) -> None:
+        """The train devices after a live resize (between steps: nothing of a step is in flight)."""
+        self.workers, self.ranks = list(workers), list(ranks)
+
     def start_step(self, plan: StepPlan) -> StepLedger:
         self.plan = plan
         self.ledger = StepLedger(plan)
@@ -101,20 +105,29 @@ class TrainerGroup:
     def _dispatch_ready(self) -> None:
         while self.next_mini < len(self.plan.minis):
             mini, done = self.plan.minis[self.next_mini], self.dispatched[self.next_mini]
+            ready: dict[int, list[tuple[int, object, list[float]]]] = {}  # owner position -> its ready batches
             for j, ids in enumerate(mini.micro):
                 if j in done or not all(i in self.advantages for i in ids):
                     continue
-                self.micro_refs.append(((mini.index, j), self.workers[mini.owner(j)].train_micro_batch.remote(
-                    j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in ids])))
+                ready.setdefault(mini.owner(j), []).append(
+                    (j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in ids]))
                 done.add(j)
+            # one call per device for whatever became ready together (every control-plane call is
+            # a driver round trip; in non-streaming mode the whole batch becomes ready at once)
+            for owner, batches in ready.items():
+                self.micro_refs.append(((mini.index, [j for j, _, _ in batches]),
+                                        self.workers[owner].train_micro_batches.remote(batches)))
             if len(done) < len(mini.micro):
                 return
-            # every micro-batch of this mini-batch is queued: queue its update on every device
+            # every micro-batch of this mini-batch is queued: queue its update on every device. Only
+            # the leader's waits on all of them (its weights are the ones published; with real
+            # compute the all-gather makes every rank wait anyway)
             normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
                                          self.loss_agg)
             micro = [ref for (u, _), ref in self.micro_refs if u == mini.index]
-            self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks, micro)
-                                     for w, (lo, hi) in zip(self.workers, mini.ranges)])
+            self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks,
+                                                           micro if d == 0 else None)
+                                     for d, (w, (lo, hi)) in enumerate(zip(self.workers, mini.ranges))])
             self.next_mini += 1
 
     def last_update_ref(self):
@@ -130,8 +143,9 @@ class TrainerGroup:
         and the micro-batch and update records (device, start, end) for the event log."""
         self.ledger.check_complete()
         self._dispatch_ready()
-        order = sorted(range(len(self.micro_refs)), key=lambda i: self.micro_refs[i][0])  # index order
-        micro = ray.get([self.micro_refs[i][1] for i in order])
+        done = ray.get([ref for _, ref in self.micro_refs])
+        records = {(u, j): m for ((u, js), _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}
+        micro = [records[key] for key in sorted(records)]  # (mini-batch, micro-batch) index order
         updates = [ray.get(refs) for refs in self.update_refs]
         stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"])
                             for m in micro], [u[0]["grad_norm"] for u in updates])

@@ -76,17 +76,60 @@ class DeviceWorker:
         and the busy intervals (wall clock) closed since the last take."""
         return self.loop.take(timeout)
 
+    def abort_generation(self) -> tuple[list, list, list]:
+        """A live resize takes this rollout device: (finished samples not yet taken, partial samples,
+        requests never started); nothing stays in flight here."""
+        return self.loop.abort()
+
+    def resume_generation(self, partials: list, requests: list, cap: int) -> None:
+        """Continue another device's partial samples (same tokens: DESIGN.md invariant 2), then
+        its unstarted requests."""
+        self.loop.resume(partials, requests, cap)
+
+    # ---- live resize --------------------------------------------------------------------------
+    def become(self, role: Role, version: int) -> int:
+        """Switch role in place. To rollout: the engine starts from the weights this device holds
+        (it shares the trainer's module tree) at weights `version`; the optimizer state is freed.
+        To train: the weights are already those of `version` (synced as a rollout device); the
+        optimizer state arrives by `stage_optimizer`. Returns the weights version held."""
+        if self.role == "rollout" and self.version != version:  # a train device holds the latest by construction
+            raise RuntimeError(f"device {self.rank} holds weights version {self.version}, the job is at "
+                               f"{version}; a live resize happens only between a sync and the next update")
+        self.version = version
+        if role == "rollout" and self.role == "train":
+            self.shard.drop_optimizer()
+            self.loop.with_engine(lambda engine: engine.set_weights_version(version))
+        self.role = role
+        return self.version
+
+    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+        """Send (rank == src) or receive the optimizer state over the cached group of `ranks`, in the
+        background; this device's next update (or checkpoint) waits for it."""
+        self.shard.stage_optimizer(src, ranks, buffer_bytes)
+
+    def staging_report(self) -> dict:
+        return self.shard.staging_report()
+
+    def groups_created_after_prewarm(self) -> int:
+        """Communicators created after `prewarm_groups`: a live resize must find all it needs cached."""
+        return self.sync.groups_created_after_prewarm()
+
     # ---- train role ---------------------------------------------------------------------------
-    def train_micro_batch(self, index: int, samples: list, advantages: list[float]) -> dict:
-        return self.shard.train_micro_batch(index, samples, advantages)
+    def train_micro_batches(self, batches: list[tuple[int, object, list[float]]]) -> list[dict]:
+        """Forward/backward of each (micro-batch index, its samples' ObjectRef, their advantages), in
+        the order given; returns each one's stats."""
+        samples = ray.get([ref for _, ref, _ in batches])
+        return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
                      train_ranks: list[int], after: list | None = None) -> dict:
-        """One reduction + optimizer step; `after` holds every micro-batch of the mini-batch, so no
-        rank's update ends before the last micro-batch does (what the all-gather imposes)."""
-        if after:
-            ray.wait(after, num_returns=len(after))
-        out = self.shard.apply_update(num_micro_batches, lo, hi, normaliser, train_ranks)
+        """One reduction + optimizer step; the leader's `after` holds every micro-batch of the
+        mini-batch, so the update it publishes ends after the last one (the all-gather imposes that
+        on every rank with real compute; an emulated shard has no collective)."""
+        inputs_ready = None
+        if after:  # every micro-batch's record: the last one's end is when the all-gather could start
+            inputs_ready = max(record["end"] for records in ray.get(after) for record in records)
+        out = self.shard.apply_update(num_micro_batches, lo, hi, normaliser, train_ranks, inputs_ready)
         self.version += 1
         return out
 
@@ -95,9 +138,10 @@ class DeviceWorker:
                      ) -> float:
         """Send or receive weights `version`; `after` holds the train leader's last update of the
         step, so a sync can be queued before that update ends (the barrier a collective is anyway)."""
-        if after:
-            ray.wait(after, num_returns=len(after))
-        seconds = self.sync.publish(src, ranks, version, bucket_mb)
+        sender_ready = None
+        if after:  # the leader's update record: when the sender entered the sync
+            sender_ready = max(record["end"] for record in ray.get(after))
+        seconds = self.sync.publish(src, ranks, version, bucket_mb, sender_ready)
         self.version = version
         return seconds
 

@@ -1,0 +1,148 @@
+"""Live resize on the runtime (DynaResize §3, DESIGN.md "Resize (live)"): devices switch between
+the rollout and train roles between two steps, on the same long-lived actors, without a restart
+and without changing a bit of what the job computes.
+
+The layout is fixed: rollout devices are ranks [0, r), train devices [r, N), the train leader is
+rank r. A resize from r to r' moves the devices between the two boundaries:
+
+  rollout -> train (r' < r)   abort: the device's in-flight generation (the next step, queued
+                              behind the last weight sync) comes back as partial samples and
+                              unstarted requests, and goes to the remaining rollout devices, which
+                              continue each partial with the same tokens (invariant 2). weights:
+                              nothing moves, the device holds the current version from that sync.
+                              optimizer: a staying train device sends the AdamW state through a
+                              bounded host buffer in the background (train_shard.OptimizerStaging);
+                              the joiner's first update waits for it (the explicit barrier).
+  train -> rollout (r' > r)   the device frees its optimizer state and its engine starts from the
+                              weights it holds (it shares the trainer's module tree).
+
+Groups come from the communicator cache, created at start for every split the job may move to
+(`prewarm_rank_sets`); a resize that had to create one reports it (`groups_created`). The
+devices that do not switch keep working meanwhile: generation of the next step goes on on the
+staying rollout devices, and the train devices are idle until that generation's samples arrive.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import ray
+
+from poise.policy.split import Split
+
+
+def roles_of(split: Split) -> tuple[list[int], list[int]]:
+    """(rollout ranks, train ranks) of a split in the fixed layout."""
+    return list(range(split.rollout)), list(range(split.rollout, split.rollout + split.train))
+
+
+def prewarm_rank_sets(initial: Split, transitions: Sequence[tuple[Split, Split]]) -> list[list[int]]:
+    """Every communicator the job may use, in one order all workers agree on: the train group and
+    the weight-sync group (leader + rollout) of each split, and the optimizer staging group
+    (a staying train device + the joiners) of each transition."""
+    sets: list[list[int]] = []
+
+    def add(ranks: list[int]) -> None:
+        if ranks not in sets:
+            sets.append(ranks)
+
+    for split in [initial] + [s for pair in transitions for s in pair]:
+        rollout, train = roles_of(split)
+        add(train)
+        add([train[0]] + rollout)
+    for a, b in transitions:
+        if b.rollout < a.rollout:
+            add([a.rollout] + list(range(b.rollout, a.rollout)))
+    return sets
+
+
+@dataclass
+class ResizeReport:
+    """One live resize: what the `resize` event records (docs/events.md)."""
+
+    step: int  # the last step on the old split
+    from_split: Split
+    to_split: Split
+    to_train: list[int]
+    to_rollout: list[int]
+    phases: dict[str, float] = field(default_factory=dict)  # driver-side seconds per phase
+    moved_samples: int = 0  # partial samples and requests handed to other rollout devices
+    moved_tokens: int = 0  # tokens the partials had (not regenerated)
+    groups_created: int = 0  # communicators created on the resize's path (0: all cached)
+    staging: dict[int, dict] = field(default_factory=dict)  # joiner -> bytes, seconds, peak buffer
+    barrier_s: float = 0.0  # how long the first update on the new split waited for staging
+
+    @property
+    def critical_path_s(self) -> float:
+        """How much later the job ends because of the resize: the driver's blocking phases (the
+        devices that do not switch keep working through them) plus the update's barrier wait."""
+        return sum(self.phases.values()) + self.barrier_s
+
+    def event_fields(self) -> dict:
+        staged = list(self.staging.values())
+        return {"step": self.step, "from_split": self.from_split.as_list(), "to_split": self.to_split.as_list(),
+                "mode": "live", "devices": self.to_train + self.to_rollout, "to_train": self.to_train,
+                "to_rollout": self.to_rollout, "phases": dict(self.phases, barrier_wait=self.barrier_s),
+                "background": {"optimizer_staging": max((s.get("seconds", 0.0) for s in staged), default=0.0)},
+                "critical_path_s": self.critical_path_s, "moved_samples": self.moved_samples,
+                "moved_tokens": self.moved_tokens, "weights_bytes": 0,
+                "optimizer_bytes": sum(s.get("bytes", 0) for s in staged),
+                "bytes_moved": sum(s.get("bytes", 0) for s in staged),
+                "peak_host_buffer_bytes": max((s.get("peak_buffer_bytes", 0) for s in staged), default=0),
+                "groups_created": self.groups_created}
+
+
+def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> ResizeReport:
+    """Move devices between roles on the running job `rt` (runtime.driver.Runtime) right after
+    weights `version` reached every device."""
+    old = rt.split
+    new_rollout, new_train = roles_of(to)
+    to_train = [d for d in rt.rollout_ranks if d in new_train]
+    to_rollout = [d for d in rt.train_ranks if d in new_rollout]
+    report = ResizeReport(step, old, to, to_train, to_rollout)
+    workers = rt.workers
+
+    t = time.perf_counter()  # the leaving rollout devices give their generation back
+    taken = ray.get([workers[d].abort_generation.remote() for d in to_train])
+    rt.service.remove_instances(to_train)
+    report.phases["abort"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # train -> rollout: the engine starts from the weights it holds
+    ray.get([workers[d].become.remote("rollout", version) for d in to_rollout])
+    rt.service.add_instances([workers[d] for d in to_rollout], to_rollout)
+    report.phases["engine_build"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # the aborted work continues on the rollout devices now
+    finished = [s for f, _, _ in taken for s in f]
+    partials = [s for _, p, _ in taken for s in p]
+    requests = [r for _, _, q in taken for r in q]
+    report.moved_samples = rt.service.hand_over(finished, partials, requests)
+    report.moved_tokens = sum(len(p.token_ids) for p in partials)
+    report.phases["hand_over"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # rollout -> train: cached groups, weights already current
+    ray.get([workers[d].become.remote("train", version) for d in to_train])
+    peer = next(d for d in rt.train_ranks if d in new_train)  # a train device that stays
+    rt.rollout_ranks, rt.train_ranks, rt.leader = new_rollout, new_train, new_train[0]
+    rt.trainer.set_devices([workers[d] for d in new_train], new_train)
+    report.phases["group_switch"] = time.perf_counter() - t
+
+    t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward
+    if to_train:
+        ranks = [peer] + to_train
+        ray.get([workers[d].stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)) for d in ranks])
+    report.phases["optimizer_staging_start"] = time.perf_counter() - t
+    report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in workers]))
+    return report
+
+
+def finish_report(rt, report: ResizeReport, updates: Sequence[dict]) -> ResizeReport:
+    """Complete a resize's report after the first step on the new split: what the staging moved,
+    and how long that step's updates waited for it."""
+    if report.to_train:
+        reports = ray.get([rt.workers[d].staging_report.remote() for d in report.to_train])
+        report.staging = dict(zip(report.to_train, reports))
+    report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
+    return report
