@@ -121,12 +121,27 @@ class RunLog:
                 return
             try:
                 target, line = item
-                if target is self._metrics:
+                if target is None:  # flush(): everything queued before it is written
+                    self._events.flush()
+                    self._metrics.flush()
+                    line.set()
+                elif target is self._metrics:
                     self._write_metrics(line)
                 else:
                     target.write(json.dumps(_clean(line)) + "\n")
             except BaseException as e:  # noqa: BLE001 - raised by close()
                 self._error = self._error or e
+
+    def flush(self) -> None:
+        """Return once everything logged so far is in the files (before a checkpoint: a resume
+        from it must find every event of the steps it covers)."""
+        if self._queue is not None:
+            written = threading.Event()
+            self._queue.put((None, written))
+            written.wait()
+        else:
+            self._events.flush()
+            self._metrics.flush()
 
     def close(self) -> None:
         if self._queue is not None:

@@ -1,24 +1,8 @@
 """Bad input gets one clear line and a non-zero exit, never a traceback (issue: foundation)."""
 
 import json
-import subprocess
-import sys
 
-
-
-def poise(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("poise: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from cli_checks import assert_one_line_error, poise  # tests/cli/cli_checks.py
 
 
 def test_unknown_config_key(tmp_path):

@@ -3,25 +3,11 @@ weights, each get one line and exit 2 with nothing written; weights load from sa
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def poise(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, timeout=120)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("poise: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from cli_checks import assert_one_line_error, poise  # tests/cli/cli_checks.py
 
 
 def _model_dir(path: Path, *files: str) -> Path:

@@ -13,23 +13,11 @@ import pytest
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.train.colocated import train_colocated
+from user_rewards import FLAKY, ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
 
 pytestmark = pytest.mark.ray
 
-ITEMS = '''
-def sorted_items(prompts, completions, answer, **kwargs):
-    out = []
-    for ref, got in zip(answer, completions):
-        ref, got = ref.split(), got.split()
-        hits = sum(1 for r, g in zip(ref, got) if r == g)
-        out.append(1.0 if not ref and not got else hits / max(len(ref), len(got)))
-    return out
-
-def flaky(prompts, completions, answer, **kwargs):
-    if len(completions[0]) % 3 == 0:
-        raise ValueError("no reward for this one")
-    return sorted_items(prompts, completions, answer)
-'''
+ITEMS = USER_ITEMS + FLAKY
 
 TINY = ["run.progress=false", "run.log_tokens=true", "run.steps=2", "run.checkpoint_every=1",
         "algorithm.prompts_per_step=4", "algorithm.group_size=4", "algorithm.micro_batch_size=4",

@@ -9,18 +9,9 @@ import pytest
 
 from poise.config import load_train_config
 from poise.train.colocated import train_colocated
+from user_rewards import ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
 
-# The built-in `items` reward, as a user would write it: equal in effect to the default `task`
-# reward on the warm start's sort prompts, so its rewards differ within groups from step 0 on.
-ITEMS = '''
-def sorted_items(prompts, completions, answer, **kwargs):
-    out = []
-    for ref, got in zip(answer, completions):
-        ref, got = ref.split(), got.split()
-        hits = sum(1 for r, g in zip(ref, got) if r == g)
-        out.append(1.0 if not ref and not got else hits / max(len(ref), len(got)))
-    return out
-'''
+ITEMS = USER_ITEMS  # tests/rewards/user_rewards.py
 
 FAST = ["pipeline.mode=colocated", "run.progress=false", "algorithm.prompts_per_step=4", "algorithm.group_size=4",
         "algorithm.sampling.max_new_tokens=12", "rollout.num_slots=16", "run.checkpoint_every=0", "run.log_tokens=true"]

@@ -28,6 +28,7 @@ TINY = [
     "rollout.num_slots=8",
     "cluster.devices=4",
     "run.verify_sync=true",
+    "resize.staging_mb=0.05",  # the optimizer state (~0.6 MB) streams in ~12 chunks across tensor boundaries
 ]
 SCHEDULE = "resize.schedule=[{at_step: 2, split: [1, 3]}, {at_step: 4, split: [3, 1]}, {at_step: 6, split: [2, 2]}]"
 EXPECTED_SPLITS = [[2, 2]] * 2 + [[1, 3]] * 2 + [[3, 1]] * 2 + [[2, 2]] * 2
@@ -92,8 +93,8 @@ def test_resize_events_record_each_switch(ray_session, runs, mode):
     assert [e["to_train"] for e in to_train] == [[1], [2]]  # 2+2 -> 1+3 and 3+1 -> 2+2
     assert [e["to_rollout"] for e in events] == [[], [1, 2], []]  # 1+3 -> 3+1
     for e in to_train:  # the joiners received the optimizer state through the bounded buffer
-        assert e["optimizer_bytes"] > 0, e
-        assert 0 < e["peak_host_buffer_bytes"] <= 4 * 2**20, e
+        assert e["optimizer_bytes"] > 4 * e["peak_host_buffer_bytes"] > 0, e  # in chunks
+        assert e["peak_host_buffer_bytes"] <= 0.05 * 2**20, e
     decisions = [e for e in resized.events if e["kind"] == "decision"]
     assert [d["step"] for d in decisions] == list(range(STEPS - 1))  # every decision, resize or not
     assert [d["step"] for d in decisions if d["action"] == "resize"] == [1, 3, 5]

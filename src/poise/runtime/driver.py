@@ -174,7 +174,7 @@ class Driver:
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
-                self.checkpoint(step + 1)
+                self.checkpoint(log, step + 1)
                 self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
@@ -266,13 +266,15 @@ class Driver:
         log.event("decision", t_end, **decision.event_fields())
         if decision.action != "resize":
             return
-        wall = time.time()
-        self.pending_resize = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
-        end = time.time()
-        for device in self.pending_resize.to_train + self.pending_resize.to_rollout:
-            log.event("interval", wall - self.t0, device=device, role="resize", phase="live_resize", step=step,
-                      start=wall - self.t0, end=end - self.t0)
-        self.resize_wall = (wall - self.t0, end - self.t0)
+        start = self.now()
+        report = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
+        self.pending_resize, self.resize_wall = report, (start, self.now())
+        t = start
+        for phase, seconds in report.phases.items():  # on the switching devices' rows, one after another
+            for device in report.to_train + report.to_rollout:
+                log.event("interval", t, device=device, role="resize", phase=phase, step=step, start=t,
+                          end=t + seconds)
+            t += seconds
 
     def log_resize(self, log: RunLog, updates: list[dict]) -> None:
         """The `resize` event of the last resize, once its first step showed the barrier wait."""
@@ -281,9 +283,10 @@ class Driver:
         log.event("resize", start, start=start, end=end, **report.event_fields())
         self.pending_resize = None
 
-    def checkpoint(self, done: int) -> None:
+    def checkpoint(self, log: RunLog, done: int) -> None:
         run = self.cfg.run
         if done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
+            log.flush()  # the events of the steps this checkpoint covers are on disk before it is
             ray.get(self.rt.workers[self.rt.leader].save_checkpoint.remote(str(self.run_dir), done, self.version))
             prune_checkpoints(self.run_dir, run.keep_checkpoints)
 

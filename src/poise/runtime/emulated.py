@@ -46,7 +46,6 @@ from __future__ import annotations
 import dataclasses
 from array import array
 import random
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ from poise.policy.cost import ContinuousBatch, CostModel
 from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.plan import micro_normaliser
 from poise.policy.rankers import Finished, Prompt
+from poise.runtime.roles import BackgroundTask
 from poise.rewards.scorer import PendingRewards, RewardResult
 from poise.sim.scenario import ScenarioConfig, load_scenario
 from poise.sim.workload import _seed, make_workload
@@ -223,7 +223,7 @@ class EmulatedTrainShard:
         self.rank, self.cost, self.scale, self.loss_agg = rank, cost, time_scale, loss_agg
         self._normalisers: dict[int, float] = {}  # micro-batch index -> its normaliser
         self.version = 0
-        self._staging: threading.Thread | None = None
+        self._staging: BackgroundTask | None = None
         self._staging_report: dict = {}
 
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict:
@@ -274,15 +274,10 @@ class EmulatedTrainShard:
             self._sleep(seconds)
             self._staging_report = {"bytes": 0, "seconds": time.time() - t, "peak_buffer_bytes": 0}
 
-        self._staging = threading.Thread(target=run, name="optimizer-staging", daemon=True)
-        self._staging.start()
+        self._staging = BackgroundTask(run, f"device {self.rank}: optimizer staging")
 
     def wait_staging(self) -> float:
-        if self._staging is None:
-            return 0.0
-        t = time.time()
-        self._staging.join()
-        return time.time() - t
+        return self._staging.join() if self._staging is not None else 0.0
 
     def staging_report(self) -> dict:
         return dict(self._staging_report)

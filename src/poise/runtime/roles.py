@@ -89,6 +89,30 @@ class WeightSync(Protocol):
         ...
 
 
+class BackgroundTask:
+    """`fn()` on a thread of its own, which a later call waits for (a live resize's optimizer
+    staging, that the next update and checkpoint must see whole)."""
+
+    def __init__(self, fn, name: str):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - raised by join, in the call that needs the result
+            self._error = e
+
+    def join(self) -> float:
+        """Wait for it (the explicit barrier); returns the seconds waited, or raises its error."""
+        t = time.time()
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"{self._thread.name} failed: {self._error!r}") from self._error
+        return time.time() - t
+
+
 class EngineLoop:
     """A RolloutEngine driven by its own thread; the actor's RPC thread only hands work in and out.
 

@@ -10,13 +10,13 @@ so the update is the colocated loop's, bit for bit, for any number of train devi
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from poise.train.reduce import aligned_nodes, combine, node_sum
 from poise.train.trainer import PolicyTrainer
@@ -123,11 +123,7 @@ class TorchTrainShard:
 
     def wait_staging(self) -> float:
         """Block until a staging transfer is done (the explicit barrier); returns seconds waited."""
-        if self._staging is None:
-            return 0.0
-        t = time.time()
-        self._staging.join()
-        return time.time() - t
+        return self._staging.task.join() if self._staging is not None else 0.0
 
     def staging_report(self) -> dict:
         """What the last staging moved (bytes, seconds, peak host buffer); empty if none."""
@@ -157,22 +153,14 @@ class OptimizerStaging:
     (DynaResize §3.3), on a background thread: the AdamW state of every parameter, in parameter
     order (step, exp_avg, exp_avg_sq), flows through one bounded buffer of `buffer_bytes`, chunk by
     chunk, by broadcast over the cached group. The joiner meanwhile runs its first forward/backward;
-    its optimizer step waits on `join` (so the update is exact: the state is a bitwise copy)."""
+    its optimizer step waits on `task.join()` (so the update is exact: the state is a bitwise copy)."""
 
     def __init__(self, rank: int, src: int, group, trainer: PolicyTrainer, buffer_bytes: int,
                  device: torch.device):
         self.rank, self.src, self.group, self.trainer, self.device = rank, src, group, trainer, device
         self.buffer_bytes = buffer_bytes
         self.report: dict = {}
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="optimizer-staging", daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self._error is not None:
-            raise RuntimeError(f"device {self.rank}: optimizer staging from device {self.src} failed: "
-                               f"{self._error!r}") from self._error
+        self.task = BackgroundTask(self._run, f"device {rank}: optimizer staging from device {src}")
 
     def _views(self) -> list[torch.Tensor]:
         """The state as flat float32 views, in the one canonical order both sides agree on."""
@@ -188,36 +176,34 @@ class OptimizerStaging:
         return views
 
     def _run(self) -> None:
-        try:
-            t0 = time.time()
-            opt, sending = self.trainer.optimizer, self.rank == self.src
-            has = torch.tensor([1.0 if sending and opt.state else 0.0], device=self.device)
-            dist.broadcast(has, src=self.src, group=self.group)  # before the first update there is none
-            if not has.item():
-                opt.state.clear()
-                self.report = {"bytes": 0, "seconds": time.time() - t0, "peak_buffer_bytes": 0}
-                return
-            views = self._views()
-            total = sum(v.numel() for v in views)
-            buf = torch.empty(min(total, max(1, self.buffer_bytes // 4)), dtype=torch.float32, device=self.device)
-            cursor = [0, 0]  # (view, offset in it)
-            moved = 0
-            while moved < total:
-                n = min(buf.numel(), total - moved)
-                if sending:
-                    _copy_chunk(views, cursor[:], buf[:n], into_buffer=True)
-                dist.broadcast(buf[:n], src=self.src, group=self.group)
-                if not sending:
-                    _copy_chunk(views, cursor[:], buf[:n], into_buffer=False)
-                _advance(views, cursor, n)
-                moved += n
-            self.report = {"bytes": 4 * total, "seconds": time.time() - t0, "peak_buffer_bytes": 4 * buf.numel()}
-        except BaseException as e:  # noqa: BLE001 - raised by join, on the update that needs the state
-            self._error = e
+        t0 = time.time()
+        opt, sending = self.trainer.optimizer, self.rank == self.src
+        has = torch.tensor([1.0 if sending and opt.state else 0.0], device=self.device)
+        dist.broadcast(has, src=self.src, group=self.group)  # before the first update there is none
+        if not has.item():
+            opt.state.clear()
+            self.report = {"bytes": 0, "seconds": time.time() - t0, "peak_buffer_bytes": 0}
+            return
+        views = self._views()
+        total = sum(v.numel() for v in views)
+        buf = torch.empty(min(total, max(1, self.buffer_bytes // 4)), dtype=torch.float32, device=self.device)
+        cursor = (0, 0)  # (view, offset in it)
+        moved = 0
+        while moved < total:
+            n = min(buf.numel(), total - moved)
+            if sending:
+                cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=True)
+            dist.broadcast(buf[:n], src=self.src, group=self.group)
+            if not sending:
+                cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=False)
+            moved += n
+        self.report = {"bytes": 4 * total, "seconds": time.time() - t0, "peak_buffer_bytes": 4 * buf.numel()}
 
 
-def _copy_chunk(views: list[torch.Tensor], cursor: list[int], buf: torch.Tensor, into_buffer: bool) -> None:
-    """Copy len(buf) elements between the views (from `cursor`) and the buffer."""
+def _copy_chunk(views: list[torch.Tensor], cursor: tuple[int, int], buf: torch.Tensor, into_buffer: bool
+                ) -> tuple[int, int]:
+    """Copy len(buf) elements between the views, from `cursor` on, and the buffer; returns where
+    the next chunk starts."""
     filled = 0
     vi, off = cursor
     while filled < buf.numel():
@@ -229,15 +215,7 @@ def _copy_chunk(views: list[torch.Tensor], cursor: list[int], buf: torch.Tensor,
             v[off:off + n].copy_(buf[filled:filled + n])
         filled += n
         vi, off = (vi + 1, 0) if off + n == v.numel() else (vi, off + n)
-
-
-def _advance(views: list[torch.Tensor], cursor: list[int], n: int) -> None:
-    vi, off = cursor
-    while n:
-        step = min(views[vi].numel() - off, n)
-        n -= step
-        vi, off = (vi + 1, 0) if off + step == views[vi].numel() else (vi, off + step)
-    cursor[0], cursor[1] = vi, off
+    return vi, off
 
 
 class BroadcastSync:
