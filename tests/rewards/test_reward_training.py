@@ -66,3 +66,47 @@ def test_user_reward_rises_over_a_control_that_cannot_learn(tmp_path, warm_start
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert mean(learner[-10:]) > mean(learner[:10]) + 0.02
     assert mean(learner[-15:]) > mean(control[-15:]) + 0.02
+
+
+HOSTILE = '''
+import math, os, time, zlib
+
+def hostile(prompts, completions, answer, **kwargs):
+    """Each sample draws one hostile act by a checksum of its prompt and completion (the same in
+    every run); a sixth score normally."""
+    kind = zlib.crc32((prompts[0] + completions[0]).encode()) % 6
+    if kind == 0:
+        time.sleep(10 ** 6)  # never returns
+    if kind == 1:
+        while True:  # a fork bomb
+            try:
+                os.fork()
+            except OSError:
+                pass
+    if kind == 2:
+        return [math.nan]
+    if kind == 3:
+        return [1.0, 1.0]  # the wrong count
+    if kind == 4:
+        raise RuntimeError("hostile")
+    return sorted_items(prompts, completions, answer)
+'''
+
+
+def test_hostile_rewards_inside_a_run_are_contained_and_the_run_completes(tmp_path, warm_start, read_run):
+    """Every kind of hostile reward, mixed into one training run: each call is stopped or refused,
+    counted and logged with its sample id; the run finishes every step with every sample."""
+    (tmp_path / "hostile.py").write_text(ITEMS + HOSTILE)
+    rows = _run(tmp_path / "run", warm_start, "run.steps=2", "reward.timeout_s=1", "reward.fallback=0.0",
+                f"reward.functions=[{tmp_path}/hostile.py:hostile]")
+    run = read_run(tmp_path / "run")
+    assert len(rows) == 2 and len(run.samples) == 2 * 4 * 4  # nothing lost
+    failures = [e for e in run.events if e["kind"] == "reward_failure"]
+    assert [r["reward_failures"] for r in rows] == [sum(e["step"] == k for e in failures) for k in range(2)]
+    assert len({tuple(e["id"]) for e in failures}) == len(failures)  # one per failed sample
+    assert all(e["fallback"] == 0.0 for e in failures)
+    reasons = " | ".join(sorted({e["reason"] for e in failures}))
+    # the samples of this seed draw every act; each shows up as its own kind of failure
+    for fragment in ("timed out", "RuntimeError: hostile", "nan", "returned 2 rewards for 1 completion"):
+        assert fragment in reasons, reasons
+    assert len(failures) < len(run.samples)  # the others were scored
