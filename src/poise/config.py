@@ -358,8 +358,6 @@ class TrainConfig:
         what = "resize.schedule" if r.schedule else "resize.policy"
         check(self.pipeline.mode != "colocated", what, list(r.schedule) or r.policy,
               "pipeline.mode=colocated has one device and nothing to resize; use sync or async, or drop it")
-        check(r.mode == "live", "resize.mode", r.mode,
-              "the runtime resizes live only (the simulator prices hard resizes); use live")
         devices = self.cluster.devices
         for at, split in r.scheduled().items():
             check(split.rollout + split.train == devices, f"resize.schedule (at_step {at}).split", split.as_list(),

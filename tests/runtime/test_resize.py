@@ -100,3 +100,21 @@ def test_resize_events_record_each_switch(ray_session, runs, mode):
     assert [d["step"] for d in decisions if d["action"] == "resize"] == [1, 3, 5]
     resize_rows = {e["device"] for e in resized.events if e["kind"] == "interval" and e["role"] == "resize"}
     assert resize_rows == {1, 2}  # the devices that switched at some point
+
+
+def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):
+    """The baseline (checkpoint, kill every actor, start new ones on the new split, reload) ends
+    where the live resizes and the static split do; every device stopped for it."""
+    static = runs.get("sync-static", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]")
+    hard = runs.get("sync-hard", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]", SCHEDULE,
+                    "resize.mode=hard")
+    hard.assert_learned(warm_start)
+    assert [r["split"] for r in hard.rows] == EXPECTED_SPLITS
+    hard.assert_bitwise_equal(static, "sync: hard-resized vs static 2+2")
+    events = _resizes(hard)
+    assert [e["mode"] for e in events] == ["hard"] * 3
+    for e in events:
+        assert set(e["phases"]) >= {"drain", "checkpoint", "kill", "start", "reload"}
+    rows = {e["device"] for e in hard.events if e["kind"] == "interval" and e["role"] == "resize"}
+    assert rows == {0, 1, 2, 3}
+    assert not (hard.run_dir / "resize-hard").exists()  # the resize's own checkpoint is gone

@@ -226,6 +226,7 @@ class _Worker:
                 pass
             self.proc = None
         if self.scratch is not None:
+            _wait_until_gone(str(self.scratch), timeout_s=5.0)
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
@@ -332,6 +333,25 @@ class SandboxPool:
             i += 1
             deadline = time.monotonic() + self.limits.timeout_s
         return i
+
+
+def _wait_until_gone(scratch: str, timeout_s: float) -> None:
+    """The processes of a killed worker's PID namespace die with its PID 1, but asynchronously:
+    wait (bounded) until none runs in its scratch directory, so none outlives `close`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = False
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    alive = os.readlink(f"/proc/{pid}/cwd").startswith(scratch)
+                except OSError:
+                    continue
+                if alive:
+                    break
+        if not alive:
+            return
+        time.sleep(0.01)
 
 
 def _kill_all(workers: list[_Worker]) -> None:

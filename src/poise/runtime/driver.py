@@ -34,7 +34,7 @@ from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log
 from poise.rundir import prepare_run_dir, truncate_logs
 from poise.runlog import RunLog
 from poise.runtime.cluster import connect, device_pool, free_port
-from poise.runtime.resize import ResizeReport, finish_report, live_resize, prewarm_rank_sets
+from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize, prewarm_rank_sets
 from poise.runtime.service import StreamGenerationService
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
@@ -70,37 +70,54 @@ class Runtime:
         c, algo = cfg.cluster, cfg.algorithm
         connect(c)
         self.pool = device_pool(c)
-        spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
-                          cfg.determinism == "bitwise", c.device,
-                          emulation.device_spec if emulation is not None else None)
-        port = free_port()
-        resources = {"num_gpus": 1} if c.device == "cuda" else {}
-        self.workers = [DeviceWorker.options(scheduling_strategy=self.pool.strategy(d), num_cpus=1, **resources)
-                        .remote(d, c.devices, port, spec) for d in range(c.devices)]
-        rollout, train = split
-        self.rollout_ranks = list(range(rollout))
-        self.train_ranks = list(range(rollout, rollout + train))
-        self.leader = self.train_ranks[0]
-        # every worker creates the same groups in the same order (dist.new_group is collective):
-        # those of this split and of every split a resize may move to
-        ray.get([w.prewarm_groups.remote(prewarm_rank_sets(Split(rollout, train), resize_transitions(cfg, split)))
-                 for w in self.workers])
-        ray.get([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
-                + [self.workers[d].set_role.remote("train") for d in self.train_ranks])
+        self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
+                               cfg.determinism == "bitwise", c.device,
+                               emulation.device_spec if emulation is not None else None)
         if emulation is not None:
-            ranker, default = emulation.ranker, emulation.dispatcher
+            self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
             first = source.problems(0)
             prompt_len = round(sum(len(source.prompt_ids(p)) for p in first) / len(first))
-            ranker, default = build_dispatch(cfg.dispatch, cfg.run.seed, CostModel(), prompt_len, algo.group_size)
-        self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
-                                               dispatcher or default,  # tests inject reordering or lossy ones
-                                               ranker, algo.group_size, cfg.rollout.num_slots)
-        self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.scale_rewards, cfg.pipeline.streaming, algo.loss_agg)
+            self.ranker, default = build_dispatch(cfg.dispatch, cfg.run.seed, CostModel(), prompt_len,
+                                                  algo.group_size)
+        self.dispatcher = dispatcher or default  # tests inject reordering or lossy ones
         self.emulation_cost = emulation.cost if emulation is not None else None
         # wall seconds per cost-model second: the controller prices in model seconds
         self.time_scale = emulation.device_spec.time_scale if emulation is not None else 1.0
+        self.service: StreamGenerationService | None = None
+        # a hard resize recreates the actors, so it prewarms only the split it starts
+        transitions = resize_transitions(cfg, split) if cfg.resize.mode == "live" else []
+        self.start(Split(*split), transitions)
+
+    def start(self, split: Split, transitions: list[tuple[Split, Split]]) -> None:
+        """Place one worker actor per device in the pool's bundles, in the roles of `split`."""
+        c, algo = self.cfg.cluster, self.cfg.algorithm
+        port = free_port()
+        resources = {"num_gpus": 1} if c.device == "cuda" else {}
+        self.workers = [DeviceWorker.options(scheduling_strategy=self.pool.strategy(d), num_cpus=1, **resources)
+                        .remote(d, c.devices, port, self.spec) for d in range(c.devices)]
+        self.rollout_ranks = list(range(split.rollout))
+        self.train_ranks = list(range(split.rollout, split.rollout + split.train))
+        self.leader = self.train_ranks[0]
+        # every worker creates the same groups in the same order (dist.new_group is collective):
+        # those of this split and of every split a live resize may move to
+        ray.get([w.prewarm_groups.remote(prewarm_rank_sets(split, transitions)) for w in self.workers])
+        ray.get([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
+                + [self.workers[d].set_role.remote("train") for d in self.train_ranks])
+        old = self.service
+        self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
+                                               self.dispatcher, self.ranker, algo.group_size,
+                                               self.cfg.rollout.num_slots)
+        if old is not None:  # a hard resize: what the old service knew of samples not yet logged
+            self.service.instance_of, self.service.busy = old.instance_of, old.busy
+        self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
+                                    algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg)
+
+    def stop(self) -> None:
+        """Shut every worker down and kill its actor (the placement group stays)."""
+        ray.get([w.shutdown.remote() for w in self.workers])
+        for w in self.workers:
+            ray.kill(w)
 
     @property
     def split(self) -> Split:
@@ -118,9 +135,7 @@ class Runtime:
         return digests[0], digests[1:]
 
     def shutdown(self) -> None:
-        ray.get([w.shutdown.remote() for w in self.workers])
-        for w in self.workers:
-            ray.kill(w)
+        self.stop()
         self.pool.release()
 
 
@@ -267,11 +282,17 @@ class Driver:
         if decision.action != "resize":
             return
         start = self.now()
-        report = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
+        if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
+            report = hard_resize(self.rt, decision.to_split, self.version, step, self.run_dir)
+            self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
+            devices = list(range(self.cfg.cluster.devices))  # every device stops
+        else:
+            report = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
+            devices = report.to_train + report.to_rollout
         self.pending_resize, self.resize_wall = report, (start, self.now())
         t = start
         for phase, seconds in report.phases.items():  # on the switching devices' rows, one after another
-            for device in report.to_train + report.to_rollout:
+            for device in devices:
                 log.event("interval", t, device=device, role="resize", phase=phase, step=step, start=t,
                           end=t + seconds)
             t += seconds

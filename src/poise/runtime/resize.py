@@ -24,8 +24,10 @@ staying rollout devices, and the train devices are idle until that generation's 
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import ray
@@ -74,6 +76,8 @@ class ResizeReport:
     staging: dict[int, dict] = field(default_factory=dict)  # joiner -> bytes, seconds, peak buffer
     barrier_s: float = 0.0  # how long the first update on the new split waited for staging
 
+    mode: str = "live"
+
     @property
     def critical_path_s(self) -> float:
         """How much later the job ends because of the resize: the driver's blocking phases (the
@@ -83,7 +87,7 @@ class ResizeReport:
     def event_fields(self) -> dict:
         staged = list(self.staging.values())
         return {"step": self.step, "from_split": self.from_split.as_list(), "to_split": self.to_split.as_list(),
-                "mode": "live", "devices": self.to_train + self.to_rollout, "to_train": self.to_train,
+                "mode": self.mode, "devices": self.to_train + self.to_rollout, "to_train": self.to_train,
                 "to_rollout": self.to_rollout, "phases": dict(self.phases, barrier_wait=self.barrier_s),
                 "background": {"optimizer_staging": max((s.get("seconds", 0.0) for s in staged), default=0.0)},
                 "critical_path_s": self.critical_path_s, "moved_samples": self.moved_samples,
@@ -135,6 +139,53 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
         ray.get([workers[d].stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)) for d in ranks])
     report.phases["optimizer_staging_start"] = time.perf_counter() - t
     report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in workers]))
+    return report
+
+
+def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport:
+    """The baseline (`resize.mode: hard`, DynaResize's restart): stop generating, checkpoint, kill
+    every actor, place and start new ones on the new split, reload the checkpoint everywhere. The
+    next step's generation is thrown away and starts again (same tokens: sampling is a function
+    of the sample id). With emulated compute no weights exist: the checkpoint and the reload are
+    the scenario's priced phases (`cost.resize_hard`), slept."""
+    old = rt.split
+    new_rollout, new_train = roles_of(to)
+    report = ResizeReport(step, old, to, [d for d in rt.rollout_ranks if d in new_train],
+                          [d for d in rt.train_ranks if d in new_rollout], mode="hard")
+    emulated = rt.emulation_cost is not None
+
+    t = time.perf_counter()
+    ray.get([rt.workers[d].abort_generation.remote() for d in rt.rollout_ranks])
+    report.phases["drain"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    if emulated:
+        time.sleep(rt.emulation_cost.resize("hard").critical_path_s * rt.time_scale)  # export + restore
+        path = None
+    else:
+        path = ray.get(rt.workers[rt.leader].save_checkpoint.remote(str(Path(run_dir) / "resize-hard"), step + 1,
+                                                                     version))
+    report.phases["checkpoint"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    rt.stop()
+    report.phases["kill"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    rt.start(to, [])
+    report.phases["start"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    if path is not None:
+        states = ray.get([w.load_checkpoint.remote(path) for w in rt.workers])
+        if {v for _, v in states} != {version}:
+            raise RuntimeError(f"hard resize: reloaded weights versions {sorted({v for _, v in states})}, "
+                               f"expected {version}")
+        shutil.rmtree(Path(run_dir) / "resize-hard", ignore_errors=True)
+    else:
+        ray.get([w.restore_version.remote(version) for w in rt.workers])
+    report.phases["reload"] = time.perf_counter() - t
+    report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in rt.workers]))
     return report
 
 

@@ -102,6 +102,12 @@ class DeviceWorker:
         self.role = role
         return self.version
 
+    def restore_version(self, version: int) -> int:
+        """Emulated compute's reload after a hard resize: no weights exist, only their version."""
+        self.version = version
+        self.loop.with_engine(lambda engine: engine.set_weights_version(version))
+        return version
+
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """Send (rank == src) or receive the optimizer state over the cached group of `ranks`, in the
         background; this device's next update (or checkpoint) waits for it."""
