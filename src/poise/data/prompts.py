@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from poise.config import DataConfig, ModelConfig
-from poise.data.tasks import DatasetSource, Problem, TaskSource, reward
+from poise.data.tasks import DatasetSource, Problem, TaskSource
 from poise.data.tokenizer import SEPARATOR, HFTokenizer, Tokenizer, load_tokenizer
 from poise.errors import DataError, PoiseError
 from poise.rewards.scorer import PendingRewards, RewardInput, RewardScorer
@@ -80,10 +80,6 @@ class TaskSteps:
                                 f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of "
                                 f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
                                 "rollout.max_context")
-
-    def score(self, problem: Problem, sample) -> float:
-        eos = self.tokenizer.eos_id
-        return reward(problem, self.tokenizer.decode([t for t in sample.token_ids if t != eos]))
 
     def submit_scores(self, problems: list[Problem], samples) -> PendingRewards:
         """Queue `samples` (of the step whose prompts are `problems`) in the reward sandbox; returns

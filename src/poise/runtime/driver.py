@@ -54,8 +54,6 @@ class StepSource(Protocol):
 
     def prompt_ids(self, problem: Problem) -> Sequence[int]: ...
 
-    def score(self, problem: Problem, sample: Sample) -> float: ...
-
     def submit_scores(self, problems: list[Problem], samples: list[Sample]) -> PendingRewards:
         """The samples' rewards, computed in the background (the reward sandbox) or already known."""
         ...
@@ -147,6 +145,7 @@ class Driver:
         # static, a schedule, or the controller
         self.policy = policy if policy is not None else resize_policy(cfg, runtime.emulation_cost)
         self.pending_resize: ResizeReport | None = None  # completed by the first step on the new split
+        self.resize_wall = (0.0, 0.0)  # run-time start and end of the pending resize
         self.version = 0
         self.start_step = 0
         self.t0 = time.time()
