@@ -1,6 +1,7 @@
 """Rollout engine vs HF `generate` vs a bare batched forward loop, on a long-tailed workload.
 
     .venv/bin/python benchmarks/engine.py [--requests 512] [--batch 32] [--repeats 3] [--median 16] [--context 256]
+                                          [--device cpu|cuda]
 
 Workload. A random-init model never stops on its own at realistic lengths, so output lengths
 are forced: each request gets max_new_tokens drawn from a lognormal (median --median tokens,
@@ -12,7 +13,10 @@ Qwen2 (`TinyModelConfig()`, max_position_embeddings --context), float32, on CPU 
 threads given by --threads.
 
 Contenders, all at the same batch size B, the same prompts and the same budgets:
-- engine: `poise.rollout.engine.Engine` with B slots, requests submitted at once;
+- engine-fast: `poise.rollout.engine.Engine` with B slots, requests submitted at once, in the fast
+  mode (`batch_invariant: false`, what `determinism: semantic` runs);
+- engine-bitwise: the same with `batch_invariant: true` (what the default `determinism: bitwise`
+  runs): bit-identical tokens and logprobs whatever the batch;
 - hf-generate: `model.generate` in static batches of B prompts (left padded), each row stopped by
   a per-row stopping criterion at its own budget, so a batch runs until its longest row ends
   (what a static batch does with EOS);
@@ -34,9 +38,13 @@ Runs are interleaved (one of each contender per round, every other round in reve
 drift on a shared machine hits all alike; times are CPU seconds of this process (one torch
 thread: the work's own time, without what other processes take; wall is shown too), the table
 shows each contender's median round, and "engine is" is the median over rounds of that round's
-ratio. A breakdown then replays the engine's schedule to say where its forward time goes (drain
+ratio (for engine-bitwise too: "bitwise is" ; its ratio to engine-fast is the cost of bit-exactness).
+A breakdown then replays the fast engine's schedule to say where its forward time goes (drain
 tail, and what ragged decode attention saves over attending the longest live context). Prints a
 table and writes bench-results/engine-<timestamp>.json.
+
+--device cuda runs everything on the GPU; times are then wall seconds after a device sync (CPU
+seconds of the host mean little there), and the ratios are of wall time.
 """
 
 from __future__ import annotations
@@ -77,18 +85,25 @@ def workload(n: int, context: int, seed: int, median: float = 16.0) -> list[Requ
 
 class Timer:
     """Wall seconds and this process's CPU seconds. With one torch thread, CPU seconds are the
-    time the work took without the time other processes on a shared machine stole from it."""
+    time the work took without the time other processes on a shared machine stole from it.
+    On CUDA the work is synchronised before each reading."""
+
+    sync = staticmethod(lambda: None)
 
     def __enter__(self) -> "Timer":
+        self.sync()
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc) -> None:
+        self.sync()
         self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
 
 
-def run_engine(model, requests, batch: int, record: list | None = None) -> tuple[Timer, int]:
-    engine = Engine(model, EngineConfig(num_slots=batch), SamplingConfig(temperature=0.0), seed=0, eos_id=None)
+def run_engine(model, requests, batch: int, record: list | None = None,
+               bitwise: bool = False) -> tuple[Timer, int]:
+    engine = Engine(model, EngineConfig(num_slots=batch, batch_invariant=bitwise), SamplingConfig(temperature=0.0),
+                    seed=0, eos_id=None)
     if record is not None:  # keep every forward the schedule ran, for the replay floor
         forward = engine.runner.forward
         engine.runner.forward = lambda step, cache: (record.append(copy.deepcopy(step)), forward(step, cache))[1]
@@ -106,7 +121,7 @@ def run_hf(model, requests, batch: int) -> tuple[Timer, int]:
 
         def __init__(self, prompt_width: int, budgets: list[int]):
             self.prompt_width = prompt_width
-            self.budgets = torch.tensor(budgets)
+            self.budgets = torch.tensor(budgets, device=model.device)
 
         def __call__(self, input_ids, scores, **kwargs):
             return (input_ids.shape[1] - self.prompt_width) >= self.budgets
@@ -115,10 +130,10 @@ def run_hf(model, requests, batch: int) -> tuple[Timer, int]:
         for lo in range(0, len(requests), batch):
             chunk = requests[lo:lo + batch]
             width = max(len(r.prompt_ids) for r in chunk)
-            ids = torch.zeros((len(chunk), width), dtype=torch.int64)
+            ids = torch.zeros((len(chunk), width), dtype=torch.int64, device=model.device)
             mask = torch.zeros_like(ids)
             for row, r in enumerate(chunk):  # left padding, as decoder-only batch generation needs
-                ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+                ids[row, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, device=model.device)
                 mask[row, width - len(r.prompt_ids):] = 1
             budgets = [r.max_new_tokens for r in chunk]
             with torch.inference_mode():
@@ -200,12 +215,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--median", type=float, default=16.0, help="median output length (lognormal, sigma 1)")
     parser.add_argument("--context", type=int, default=TinyModelConfig().max_positions,
                         help="the tiny model's max_position_embeddings (prompt + response)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     parser.add_argument("--out", default="bench-results")
     args = parser.parse_args(argv)
+    if args.device not in ("cpu", "cuda"):
+        print(f"error: --device {args.device!r}; use cpu or cuda", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no CUDA device; run on a GPU machine or use --device cpu",
+              file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
+    clock = "cpu"
+    if args.device == "cuda":
+        Timer.sync = staticmethod(torch.cuda.synchronize)
+        clock = "wall"  # host CPU seconds say little about GPU work
 
     model_cfg = TinyModelConfig(max_positions=args.context)
-    model = build_tiny(model_cfg, VOCAB, seed=args.seed).eval()
+    model = build_tiny(model_cfg, VOCAB, seed=args.seed).eval().to(args.device)
     context = model_cfg.max_positions
     requests = workload(args.requests, context, args.seed, args.median)
     lengths = sorted(r.max_new_tokens for r in requests)
@@ -218,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
 
     schedule: list[StepInputs] = []
     run_engine(model, requests, args.batch, record=schedule)  # also the engine's warm-up
+    run_engine(model, requests, args.batch, bitwise=True)  # warm-up
     contenders = {
-        "engine": lambda: run_engine(model, requests, args.batch),
+        "engine-fast": lambda: run_engine(model, requests, args.batch),
+        "engine-bitwise": lambda: run_engine(model, requests, args.batch, bitwise=True),
         "bare-replay": lambda: run_replay(model, schedule, args.batch, context, tokens),
         "bare-loop": lambda: run_bare(model, requests, args.batch, context, ideal=False),
         "bare-ideal": lambda: run_bare(model, requests, args.batch, context, ideal=True),
@@ -244,28 +273,42 @@ def main(argv: list[str] | None = None) -> int:
                          "wall_runs": [t.wall for t, _ in rs], "tokens_counted": counted,
                          "tokens_per_second": counted / cpu, "tokens_per_wall_second": counted / wall}
 
-    # "engine is": the median over rounds of that round's engine vs contender tokens/s, so a slow
-    # patch of the shared machine hits both sides of each ratio
-    def round_ratios(name: str, clock: str) -> list[float]:
+    # "X is": the median over rounds of that round's X vs contender tokens/s, so a slow patch of
+    # the shared machine hits both sides of each ratio
+    def round_ratios(engine: str, name: str, clock: str) -> list[float]:
         return [(engine_tokens / getattr(te, clock)) / (counted / getattr(tc, clock))
-                for (te, engine_tokens), (tc, counted) in zip(runs["engine"], runs[name])]
+                for (te, engine_tokens), (tc, counted) in zip(runs[engine], runs[name])]
 
-    others = [name for name in results if name != "engine"]
-    key = {name: f"engine_vs_{name.replace('-', '_')}" for name in others}
-    ratios = {key[name]: statistics.median(round_ratios(name, "cpu")) for name in others}
-    wall_ratios = {key[name]: statistics.median(round_ratios(name, "wall")) for name in others}
-    print(f"\n{'contender':<13}{'tokens':>8}{'CPU s':>8}{'tokens/s':>10}{'engine is':>11}"
-          f"{'wall s':>8}{'engine is':>11}")
+    def key(engine: str, name: str) -> str:
+        return f"{engine.replace('-', '_')}_vs_{name.replace('-', '_')}"
+
+    ratios, wall_ratios, cpu_rounds = {}, {}, {}
+    for engine in ("engine-fast", "engine-bitwise"):
+        for name in results:
+            if name != engine and not (engine == "engine-bitwise" and name == "engine-fast"):
+                ratios[key(engine, name)] = statistics.median(round_ratios(engine, name, clock))
+                wall_ratios[key(engine, name)] = statistics.median(round_ratios(engine, name, "wall"))
+                cpu_rounds[key(engine, name)] = round_ratios(engine, name, clock)
+    # the cost of bit-exactness: bitwise time / fast time at equal slots, per round
+    cost_rounds = [1 / r for r in round_ratios("engine-bitwise", "engine-fast", clock)]
+    bitwise_cost = statistics.median(cost_rounds)
+    unit = "CPU s" if clock == "cpu" else "wall s"
+    print(f"\n{'contender':<15}{'tokens':>8}{unit:>8}{'tokens/s':>10}{'fast is':>10}{'bitwise is':>12}")
     for name, r in results.items():
-        cpu_ratio = ratios[key[name]] if name != "engine" else 1.0
-        wall_ratio = wall_ratios[key[name]] if name != "engine" else 1.0
-        print(f"{name:<13}{r['tokens_counted']:>8}{r['cpu_seconds']:>8.2f}{r['tokens_per_second']:>10.0f}"
-              f"{cpu_ratio:>10.2f}x{r['wall_seconds']:>8.2f}{wall_ratio:>10.2f}x")
+        secs = r["cpu_seconds"] if clock == "cpu" else r["wall_seconds"]
+        fast = "1.00x" if name == "engine-fast" else f"{ratios[key('engine-fast', name)]:.2f}x"
+        bitwise = ("1.00x" if name == "engine-bitwise" else "" if name == "engine-fast"
+                   else f"{ratios[key('engine-bitwise', name)]:.2f}x")
+        print(f"{name:<15}{r['tokens_counted']:>8}{secs:>8.2f}{r['tokens_counted'] / secs:>10.0f}{fast:>10}"
+              f"{bitwise:>12}")
     occupancy = tokens / (len(schedule) * args.batch)
-    print(f"\nengine vs hf-generate {ratios['engine_vs_hf_generate']:.2f}x (target >= 3); vs bare-replay "
-          f"{ratios['engine_vs_bare_replay']:.2f}x (scheduling overhead; target >= 0.85); vs bare-loop "
-          f"{ratios['engine_vs_bare_loop']:.2f}x, bare-ideal {ratios['engine_vs_bare_ideal']:.2f}x (raw forward "
-          f"rates); tokens/s on CPU seconds, medians of per-round ratios")
+    print(f"\nbitwise/fast {unit}: {bitwise_cost:.3f}x (target <= 1.15; rounds "
+          f"{' '.join(f'{c:.3f}' for c in cost_rounds)})")
+    print(f"vs hf-generate: fast {ratios['engine_fast_vs_hf_generate']:.2f}x, bitwise "
+          f"{ratios['engine_bitwise_vs_hf_generate']:.2f}x (target >= 3); fast vs bare-replay "
+          f"{ratios['engine_fast_vs_bare_replay']:.2f}x (scheduling overhead; target >= 0.85); fast vs bare-loop "
+          f"{ratios['engine_fast_vs_bare_loop']:.2f}x, bare-ideal {ratios['engine_fast_vs_bare_ideal']:.2f}x (raw "
+          f"forward rates); tokens/s on {unit}, medians of per-round ratios")
     print(f"engine batch occupancy {occupancy:.1%}: {tokens} tokens in {len(schedule)} steps of {args.batch} "
           f"slots; no schedule of this workload beats that share of bare-loop's rate at equal step cost")
 
@@ -285,11 +328,15 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"arch": model_cfg.arch, "hidden": model_cfg.hidden_size, "layers": model_cfg.num_layers,
                   "max_positions": model_cfg.max_positions},
         "torch": torch.__version__,
+        "device": args.device,
+        "clock": clock,  # what the ratios divide: CPU seconds, or wall seconds on CUDA
         "results": results,
-        "ratios_cpu": ratios,  # medians of per-round ratios
-        "ratios_cpu_rounds": {key[name]: round_ratios(name, "cpu") for name in others},
+        "bitwise_over_fast_time": bitwise_cost,  # median over rounds; target <= 1.15
+        "bitwise_over_fast_time_rounds": cost_rounds,
+        "ratios": ratios,  # medians of per-round tokens/s ratios
+        "ratios_rounds": cpu_rounds,
         "ratios_wall": wall_ratios,
-        "engine_steps": len(schedule),
+        "engine_steps": len(schedule),  # the fast engine's; the bitwise one runs the same schedule
         "engine_batch_occupancy": occupancy,
         "breakdown": parts,
     }

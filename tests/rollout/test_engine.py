@@ -11,6 +11,7 @@ import torch
 from poise.data.tokenizer import CharTokenizer
 from poise.errors import PoiseError
 from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
+from poise.rollout.runner import DecoderRunner, key_bucket
 from poise.rollout.sampling import SamplingConfig
 from poise.types import Request
 
@@ -149,7 +150,35 @@ def _run(model, reqs, slots, invariant=True, threads=1):
     return by_id(engine(model, num_slots=slots, batch_invariant=invariant).generate(reqs))
 
 
-def test_batch_invariant_tokens_and_logprobs_under_batch_size_slot_order_and_company(qwen2):
+@pytest.fixture(params=["rows", "tiles"])
+def mechanism(request, monkeypatch):
+    """batch_invariant's two mechanisms: row quantum + key buckets (CPU), fixed-shape tiles (CUDA's
+    fallback, forced here by a runner that finds no row quantum)."""
+    if request.param == "tiles":
+        monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
+    return request.param
+
+
+def test_batch_invariant_rows_run_one_forward_per_step(qwen2):
+    eng = engine(qwen2, num_slots=7, batch_invariant=True)
+    assert eng.row_quantum > 0  # this CPU's BLAS has one (MKL's sgemm, AVX2: 4); else tiles
+    forwards = []
+    forward = eng.runner.forward
+    eng.runner.forward = lambda step, cache: (forwards.append(step), forward(step, cache))[1]
+    eng.generate(requests(20))
+    assert len(forwards) == eng.steps  # not one per tile and one per admission, as the tiles run
+    assert all(step.row_quantum == eng.row_quantum for step in forwards)
+    assert any(len(step.prefills) > 1 and step.decode_slots for step in forwards)  # admissions ride along
+
+
+def test_key_buckets_are_a_function_of_the_position_alone():
+    buckets = [key_bucket(p, 1000) for p in range(1000)]
+    assert all(b > p for p, b in enumerate(buckets))  # every row sees its own keys
+    assert sorted(set(buckets)) == [64, 128, 256, 512, 1000]  # few buckets: few attention calls
+    assert buckets == sorted(buckets) and key_bucket(40, 64) == 64
+
+
+def test_batch_invariant_tokens_and_logprobs_under_batch_size_slot_order_and_company(qwen2, mechanism):
     reqs = requests(40)
     reference = _run(qwen2, reqs, 1)
     runs = {
@@ -194,8 +223,11 @@ def test_sampling_seed_changes_tokens(qwen2):
 # ---- migration ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("invariant", [True, False])
-def test_abort_and_resume_on_another_engine_equals_the_uninterrupted_run(qwen2, invariant):
+@pytest.mark.parametrize("mode", ["bitwise rows", "bitwise tiles", "fast"])
+def test_abort_and_resume_on_another_engine_equals_the_uninterrupted_run(qwen2, mode, monkeypatch):
+    invariant = mode != "fast"
+    if mode == "bitwise tiles":
+        monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
     reqs = requests(24)
     reference = _run(qwen2, reqs, 4, invariant)
     first = engine(qwen2, num_slots=7, batch_invariant=invariant)

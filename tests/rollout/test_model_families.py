@@ -90,13 +90,22 @@ MODES = {
     "fast, 3 slots": dict(num_slots=3),
     # all 7 prompts admitted at once: padded into one prefill batch
     "fast, 8 slots": dict(num_slots=8),
+    # batch-invariant rows (row quantum, key buckets) and fixed-shape tiles (CUDA's fallback)
     "batch_invariant": dict(num_slots=3, batch_invariant=True, invariant_tile=4),
+    "batch_invariant tiles": dict(num_slots=3, batch_invariant=True, invariant_tile=4),
 }
+
+
+def force_tiles(monkeypatch) -> None:
+    """A runner that finds no row quantum: batch_invariant falls back to fixed-shape tiles."""
+    monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])
-def test_greedy_tokens_and_logprobs_equal_hf(family, mode, family_dirs, hf_reference):
+def test_greedy_tokens_and_logprobs_equal_hf(family, mode, family_dirs, hf_reference, monkeypatch):
+    if mode.endswith("tiles"):
+        force_tiles(monkeypatch)
     model = load_model(family_dirs[family])
     assert model.config.model_type == family
     eng = Engine(model, EngineConfig(**MODES[mode]), GREEDY, seed=7, eos_id=2)
@@ -141,8 +150,11 @@ def test_every_ragged_decode_group_layout_equals_hf(family, family_dirs):
             assert torch.allclose(logits[row], expected, atol=1e-4), slot
 
 
+@pytest.mark.parametrize("mechanism", ["rows", "tiles"])
 @pytest.mark.parametrize("family", ["qwen3", "mistral"])
-def test_batch_invariant_bitwise_under_slots_and_company(family, family_dirs):
+def test_batch_invariant_bitwise_under_slots_and_company(family, mechanism, family_dirs, monkeypatch):
+    if mechanism == "tiles":
+        force_tiles(monkeypatch)
     model = load_model(family_dirs[family])
     reqs = [Request((0, i, i % 2), p, 4 + 3 * i) for i, p in enumerate(prompts(6, seed=8))]
     others = [Request((1, i, 0), p, 12) for i, p in enumerate(prompts(5, seed=9))]
@@ -150,6 +162,7 @@ def test_batch_invariant_bitwise_under_slots_and_company(family, family_dirs):
     def run(slots: int, batch: list[Request]) -> dict:
         eng = Engine(model, EngineConfig(num_slots=slots, batch_invariant=True, invariant_tile=4), STOCHASTIC,
                      seed=7, eos_id=None)
+        assert (eng.row_quantum > 0) == (mechanism == "rows")
         return {s.sample_id: (s.token_ids, s.logprobs) for s in eng.generate(batch)}
 
     alone = run(1, reqs)

@@ -9,16 +9,27 @@ and the freed slot goes to the next request. Each finished sample goes out at on
 
 Determinism (DESIGN.md invariants 1 and 2). Sampling randomness is a pure function of
 (seed, sample id, position) (`poise.rollout.sampling`), so a sample's tokens depend only on its
-logits. With `batch_invariant: true` the logits are bit-identical whatever else runs:
+logits. With `batch_invariant: true` the logits are bit-identical whatever else runs. Batch
+invariance comes from fixing every reduction order a row sees, not from fixed shapes (vLLM's and
+SGLang's batch-invariant kernels fix split sizes the same way), so a step costs about what the
+fast mode's does (the one forward per step with every live row, `StepInputs.row_quantum`):
 
-- prefill runs per request, alone (its shapes depend only on the prompt);
-- decode runs in tiles of `invariant_tile` consecutive slots, always at the full tile and the
-  full context (masked), so every matmul and attention has one fixed shape and a row's result
-  cannot depend on how many other rows are live or what they hold (CPU GEMMs are row-invariant
-  at a fixed shape but not across shapes: a 1-row GEMM takes another kernel; SDPA's output
-  changes in the last bits with the key length even when the extra keys are masked);
+- matmuls: the step's token rows are padded to a multiple of `runner.row_quantum()` (4 with MKL
+  on CPU), a batch size in which the BLAS computes every row with one kernel and one K order
+  (probed once per device and thread count: 1-3 rows, or a thread's share of them, take other
+  kernels); norms, activations and sampling are row-wise;
+- decode attention stays ragged, but a row at position p attends over exactly
+  `runner.key_bucket(p)` keys (a power of two, masked beyond p), a function of the row alone:
+  SDPA's bits change with the key length even where the extra keys are masked, so the fast
+  mode's "longest context of the group" would make a row depend on its company;
+- each admitted prompt attends alone (never padded to another prompt's length);
 - a resumed partial is prefilled with its prompt only and its generated tokens are replayed
-  through the same decode tiles, so its cache is bit-identical to the uninterrupted run's.
+  through decode rows, so its cache is bit-identical to the uninterrupted run's.
+
+Where the matmul has no row quantum (cuBLAS picks kernels by M, so CUDA), batch_invariant falls
+back to fixed-shape tiles: decode runs in tiles of `invariant_tile` consecutive slots, always at
+the full tile and the full context (masked), one forward per tile, prefill one forward per
+request; every matmul and attention then has one fixed shape.
 
 The fast mode (default) packs only live rows, attends each over about its own context (the
 runner's ragged decode groups) and resumes by prefilling prompt + generated tokens; tokens then
@@ -117,8 +128,10 @@ class Engine:
         if self.context > self.runner.max_positions:
             raise PoiseError(f"max_context {self.context} exceeds the model's max_position_embeddings "
                              f"{self.runner.max_positions}; lower engine max_context")
+        # batch_invariant: rows padded to this quantum, or (0) fixed-shape tiles (runner.row_quantum)
+        self.row_quantum = self.runner.row_quantum() if cfg.batch_invariant else 0
         slots = cfg.num_slots
-        if cfg.batch_invariant:  # whole tiles, so every tile is a view of consecutive cache rows
+        if cfg.batch_invariant and not self.row_quantum:  # whole tiles: each a view of consecutive cache rows
             slots = math.ceil(slots / cfg.invariant_tile) * cfg.invariant_tile
         self.cache = KVCache(self.runner.cache_shape(slots, self.context), self.runner.dtype, self.runner.device)
         self._free = list(range(cfg.num_slots))  # a heap: lowest slot first keeps live slots packed
@@ -187,12 +200,14 @@ class Engine:
         sequence. Returns the samples that finished in it (also passed to `on_sample`)."""
         if self.idle:
             return []
-        if self.cfg.batch_invariant:
-            rows, decoded = self._step_invariant()
+        if self.cfg.batch_invariant and not self.row_quantum:
+            rows, tokens, logprobs = self._step_tiles()
         else:
-            rows, decoded = self._step_packed()
+            rows, logits = self._step_rows() if self.cfg.batch_invariant else self._step_packed()
+            tok_t, lp_t = self._sample(logits, rows)
+            tokens, logprobs = tok_t.tolist(), lp_t.tolist()
         self.steps += 1
-        finished = self._advance(rows, decoded)
+        finished = self._advance(rows, tokens, logprobs)
         if self.on_sample is not None:
             for sample in finished:
                 self.on_sample(sample)
@@ -229,8 +244,28 @@ class Engine:
             rows.append(seq)
         return rows, self.runner.forward(step, self.cache)
 
-    def _step_invariant(self) -> tuple[list[_Sequence | None], torch.Tensor]:
-        """batch_invariant mode: fixed-shape decode tiles, then one prefill per admitted request."""
+    def _step_rows(self) -> tuple[list[_Sequence | None], torch.Tensor]:
+        """batch_invariant mode: as the fast mode, with batch-invariant rows (`StepInputs.row_quantum`)."""
+        running = sorted(self._slots)
+        admitted = self._admissions()
+        step = StepInputs(row_quantum=self.row_quantum)
+        rows: list[_Sequence | None] = []
+        for slot in running:
+            seq = self._slots[slot]
+            rows.append(seq)
+            step.decode_slots.append(slot)
+            step.decode_tokens.append(seq.tokens[-1])
+            step.decode_positions.append(seq.cached)
+        for seq in admitted:
+            # replay what a partial had: a prompt-only prefill + decode rows rebuild its exact cache
+            seq.forced, seq.forced_logprobs, seq.tokens, seq.logprobs = seq.tokens, seq.logprobs, [], []
+            step.prefills.append((seq.slot, seq.prompt))
+            rows.append(seq)
+        return rows, self.runner.forward(step, self.cache)
+
+    def _step_tiles(self) -> tuple[list[_Sequence | None], list[int], list[float]]:
+        """batch_invariant mode where matmuls are not row-invariant (CUDA): fixed-shape decode
+        tiles, then one prefill per admitted request. Returns rows and their tokens and logprobs."""
         tile = self.cfg.invariant_tile
         rows: list[_Sequence | None] = []
         logits: list[torch.Tensor] = []
@@ -255,7 +290,8 @@ class Engine:
             padded[0] = out[0]
             rows.append(seq)
             logits.append(self._sample_tile(padded, [seq] + [None] * (tile - 1))[:1])
-        return rows, torch.cat(logits)
+        pairs = torch.cat(logits).tolist()
+        return rows, [int(t) for t, _ in pairs], [float(lp) for _, lp in pairs]
 
     def _sample_tile(self, logits: torch.Tensor, members: list[_Sequence | None]) -> torch.Tensor:
         """Sample a whole fixed-shape tile of logits; returns [tile, 2] (token, logprob) rows."""
@@ -270,15 +306,8 @@ class Engine:
                             dtype=torch.int64, device=logits.device)
         return sample_next(logits, self.seed, keys[:, :3], keys[:, 3], self.sampling)
 
-    def _advance(self, rows: list[_Sequence | None], out: torch.Tensor) -> list[Sample]:
+    def _advance(self, rows: list[_Sequence | None], tokens: list[int], logprobs: list[float]) -> list[Sample]:
         """Append each row's new token, and retire the sequences that finished (None: padding row)."""
-        if self.cfg.batch_invariant:
-            pairs = out.tolist()
-            tokens = [int(t) for t, _ in pairs]
-            logprobs = [float(lp) for _, lp in pairs]
-        else:
-            tok_t, lp_t = self._sample(out, rows)
-            tokens, logprobs = tok_t.tolist(), lp_t.tolist()
         finished = []
         now = None
         for seq, token, logprob in zip(rows, tokens, logprobs):

@@ -23,10 +23,17 @@ before RoPE (`q_norm`, `k_norm`); Mistral (and Qwen2/Qwen3 with every layer slid
 a sliding window: a query at position p sees keys p - window < k <= p, as HF's
 `sliding_window_overlay`. The window is a mask over the same keys (shapes unchanged, so the
 batch-invariant tiles stay fixed-shape); it saves no compute.
+
+Batch-invariant rows (`StepInputs.row_quantum`, the engine's `batch_invariant` mode on CPU) keep
+this one packed forward per step and fix, instead of shapes, every reduction order a row sees: the
+token rows are padded to a multiple of the quantum in which the BLAS computes every row alike
+(`DecoderRunner.row_quantum`), a decode row attends over `key_bucket(position)` keys whatever its
+group, and prompts attend one by one.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -73,6 +80,11 @@ class StepInputs:
     Batch-invariant tiles rely on this: the shapes depend on the range, never on which slots are
     live. Otherwise (the fast path) only the decode rows are computed and attention is ragged
     (see the module docstring); attend_* are then ignored.
+
+    row_quantum > 0: batch-invariant rows (see `row_quantum`): every row-wise matmul runs over a
+    multiple of this many rows (padding rows write to the scratch row), a decode row at position p
+    attends over exactly `key_bucket(p)` keys, and each prompt attends alone, so no number a row
+    gets depends on the other rows of the step.
     """
 
     decode_slots: list[int] = field(default_factory=list)
@@ -83,6 +95,7 @@ class StepInputs:
     attend_hi: int = 0
     attend_len: int = 0
     fixed_shape: bool = False
+    row_quantum: int = 0
 
 
 # About what one more attention call (SDPA plus its key/value copy) costs, in attended
@@ -93,6 +106,16 @@ MAX_DECODE_GROUPS = 4
 # padded into one batch. On CPU, padding 2-4 short prompts (three gathers, a mask, a scatter back)
 # cost more than their separate calls.
 PREFILL_ONE_BY_ONE = 4
+# Batch-invariant rows: the smallest key bucket, and buckets per doubling of the context. Few
+# buckets measured fastest on CPU (each is one more attention call, which costs more than
+# attending up to twice the keys): 2 or 4 per doubling cost 4-10% more than 1, and a smallest
+# bucket of 32 cost ~10% more than 64 on the long workload of benchmarks/engine.py.
+BUCKET_MIN = 64
+BUCKETS_PER_OCTAVE = 1
+# Row quanta tried by `DecoderRunner.row_quantum`, and the most rows its probe multiplies.
+ROW_QUANTA = (4, 8, 16, 32)
+PROBE_ROWS = 256
+_row_quanta: dict[tuple, int] = {}  # probe results by (device, dtype, threads, matmul shapes)
 
 
 @dataclass(frozen=True)
@@ -144,6 +167,35 @@ def plan_decode_groups(slots: list[int], positions: list[int], overhead: int = G
     return plans
 
 
+def key_bucket(position: int, context: int) -> int:
+    """Keys that a batch-invariant decode row at `position` attends over (masked beyond it).
+
+    A function of the row alone: SDPA's bits change with the key length even where the extra keys
+    are masked, so a row's key length must not be its group's longest context (the fast path's
+    choice). Buckets grow geometrically (BUCKETS_PER_OCTAVE = 1: 64, 128, 256, ...), capped at the
+    context, so a step's rows fall into few buckets, at the price of attending up to twice the keys.
+    """
+    need = position + 1
+    if need <= BUCKET_MIN:
+        return min(BUCKET_MIN, context)
+    top = 1 << (need - 1).bit_length()  # the power of two >= need
+    step = top // (2 * BUCKETS_PER_OCTAVE)
+    return min(-(-need // step) * step, context)
+
+
+def plan_bucket_groups(slots: list[int], positions: list[int], context: int) -> list[DecodeGroupPlan]:
+    """Batch-invariant decode groups (slots increasing): one per key bucket, longest first."""
+    buckets: dict[int, list[int]] = {}
+    for row, position in enumerate(positions):
+        buckets.setdefault(key_bucket(position, context), []).append(row)
+    plans = []
+    for length in sorted(buckets, reverse=True):
+        rows = tuple(buckets[length])
+        lo, hi = slots[rows[0]], slots[rows[-1]] + 1
+        plans.append(DecodeGroupPlan(rows, length, lo, hi, gather=4 * (hi - lo) > 5 * len(rows)))
+    return plans
+
+
 @dataclass
 class _DecodeGroup:
     """A DecodeGroupPlan as device tensors. rows: where the group's rows sit in q (None: all, in
@@ -156,6 +208,19 @@ class _DecodeGroup:
     gather: torch.Tensor | None = None
     rel: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+
+
+def _rows_invariant(weights: list[torch.Tensor], rows: torch.Tensor, quantum: int) -> bool:
+    """Whether every row of x @ w.T has the same bits in batches of 1..16 quanta at offsets 0, 1, 3
+    (x: rows of `rows`) as in one batch of PROBE_ROWS."""
+    for w in weights:
+        x = rows[:, :w.shape[1]]
+        reference = F.linear(x, w)
+        for m in range(quantum, min(16 * quantum, PROBE_ROWS - quantum) + 1, quantum):
+            for offset in (0, 1, 3):
+                if not torch.equal(F.linear(x[offset:offset + m], w), reference[offset:offset + m]):
+                    return False
+    return True
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -187,6 +252,37 @@ class DecoderRunner:
         self.device = model.lm_head.weight.device
         self.group_overhead, self.max_decode_groups = GROUP_OVERHEAD, MAX_DECODE_GROUPS  # plan_decode_groups
 
+    @torch.inference_mode()
+    def row_quantum(self) -> int:
+        """Rows q such that this device's matmuls give a row the same bits in any batch of a
+        multiple of q rows; 0 if no quantum in ROW_QUANTA does (then batch invariance needs
+        fixed-shape tiles).
+
+        Why it exists: a GEMM's bits for one row depend on the batch only through the kernel's
+        choice of row blocking. MKL's sgemm (AVX2, 1 or 2 threads) computes every row of a
+        multiple of 4 rows alike, but takes other kernels for 1-3 rows or for a thread's share of
+        fewer than 4; cuBLAS picks kernels (and split-K) by M, so CUDA gets 0 without probing.
+        The probe multiplies random rows by each of the model's distinct weight shapes, in
+        batches of 1..16 quanta and at three row offsets, against one batch of PROBE_ROWS rows, at
+        the current thread count. q is also a multiple of 64 / gcd(64, MLP width), so that
+        element-wise kernels (SiLU's vector loop computes a non-multiple-of-its-width tail with
+        the scalar formula, which differs in the last bit) never see a tail.
+        """
+        if self.device.type != "cpu":
+            return 0
+        linears = [module for module in self.layers[0].modules() if isinstance(module, torch.nn.Linear)]
+        shapes = sorted({tuple(m.weight.shape) for m in linears + [self.model.lm_head]})
+        key = (str(self.device), self.dtype, torch.get_num_threads(), tuple(shapes))
+        if key not in _row_quanta:
+            width = getattr(self.model.config, "intermediate_size", 64)
+            tail = 64 // math.gcd(64, width)
+            g = torch.Generator().manual_seed(0)
+            weights = [torch.randn(shape, generator=g).to(self.dtype) for shape in shapes]
+            rows = torch.randn((PROBE_ROWS, max(shape[1] for shape in shapes)), generator=g).to(self.dtype)
+            _row_quanta[key] = next((q for q in (q * tail // math.gcd(q, tail) for q in ROW_QUANTA)
+                                     if _rows_invariant(weights, rows, q)), 0)
+        return _row_quanta[key]
+
     def cache_shape(self, slots: int, context: int) -> CacheShape:
         return CacheShape(len(self.layers), slots, self.num_kv_heads, context, self.head_dim)
 
@@ -207,6 +303,12 @@ class DecoderRunner:
             tokens.extend(seg)
             positions.extend(range(length))
             slots.extend([slot] * length)
+        n_real = len(tokens)
+        pad = -n_real % step.row_quantum if step.row_quantum else 0
+        if pad:  # padding rows: token 0 at position 0 of the scratch row
+            tokens.extend([0] * pad)
+            positions.extend([0] * pad)
+            slots.extend([cache.scratch] * pad)
         n = len(tokens)
         # one host->device transfer for all per-token indices
         token_ids, position_ids, slot_ids = self._ids(tokens + positions + slots).view(3, n)
@@ -214,9 +316,11 @@ class DecoderRunner:
         x = self.decoder.embed_tokens(token_ids)
         cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
         cos, sin = cos[0, :, None, :], sin[0, :, None, :]
-        groups = self._decode_groups(step, position_ids[:n_decode]) if n_decode else []
+        groups = self._decode_groups(step, position_ids[:n_decode], cache.shape.context) if n_decode else []
         # a few prompts attend one by one (views, no copies); many at once pay for padding them
-        prefill = self._prefill_plan(seg_lengths) if len(seg_lengths) > PREFILL_ONE_BY_ONE else None
+        # (not batch-invariant: the padded width depends on the other prompts)
+        batched_prefill = len(seg_lengths) > PREFILL_ONE_BY_ONE and not step.row_quantum
+        prefill = self._prefill_plan(seg_lengths) if batched_prefill else None
 
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -234,18 +338,24 @@ class DecoderRunner:
             if n_decode:
                 parts.append(self._decode_attention(q[:n_decode], cache, index, groups))
             if seg_lengths:
-                parts.append(self._prefill_attention(q[n_decode:], k[n_decode:], v[n_decode:], seg_lengths, prefill))
+                real = slice(n_decode, n_real)
+                parts.append(self._prefill_attention(q[real], k[real], v[real], seg_lengths, prefill))
+            if pad:
+                parts.append(q.new_zeros((pad, self.num_heads * self.head_dim)))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
             x = x + attn.o_proj(attn_out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
 
-        if seg_lengths:
-            rows, end = list(range(n_decode)), n_decode
-            for length in seg_lengths:
-                end += length
-                rows.append(end - 1)
+        rows, end = list(range(n_decode)), n_decode
+        for length in seg_lengths:
+            end += length
+            rows.append(end - 1)
+        out_rows = len(rows)
+        if step.row_quantum:  # the head's matmul too runs over a multiple of the quantum
+            rows.extend([0] * (-out_rows % step.row_quantum))
+        if rows != list(range(n)):
             x = x.index_select(0, self._ids(rows))
-        return self.model.lm_head(self.decoder.norm(x)).float()
+        return self.model.lm_head(self.decoder.norm(x)).float()[:out_rows]
 
     def _dense_decode_rows(self, step: StepInputs, scratch: int) -> tuple[list[int], list[int], list[int]]:
         """(tokens, positions, write slots), one row for every attended slot."""
@@ -258,21 +368,25 @@ class DecoderRunner:
             tokens[row], positions[row], slots[row] = token, position, slot
         return tokens, positions, slots
 
-    def _decode_groups(self, step: StepInputs, positions: torch.Tensor) -> list[_DecodeGroup]:
+    def _decode_groups(self, step: StepInputs, positions: torch.Tensor, context: int) -> list[_DecodeGroup]:
         """How the decode rows attend this step (computed once, used by every layer).
 
         positions: [decode rows] int64 on the device (fixed shape: one row per slot of the range,
-        padding rows at 0).
+        padding rows at 0). context: the cache's positions per slot.
         """
         if step.fixed_shape:  # one group over the whole tile and context: no shape depends on who is live
             mask = self._decode_mask(step.attend_len, positions)
             return [_DecodeGroup(step.attend_len, step.attend_lo, step.attend_hi, mask=mask)]
         slots, pos = step.decode_slots, step.decode_positions
-        plans = plan_decode_groups(slots, pos, self.group_overhead, self.max_decode_groups)
+        invariant = step.row_quantum > 0  # always masked: one kernel path whatever the company
+        if invariant:
+            plans = plan_bucket_groups(slots, pos, context)
+        else:
+            plans = plan_decode_groups(slots, pos, self.group_overhead, self.max_decode_groups)
         if len(plans) == 1 and not plans[0].gather and plans[0].hi - plans[0].lo == len(slots):
             # the common case: consecutive slots in one group, no index to send
             plan = plans[0]
-            lockstep = all(p == plan.length - 1 for p in pos) and not self._windowed(plan.length)
+            lockstep = all(p == plan.length - 1 for p in pos) and not self._windowed(plan.length) and not invariant
             mask = None if lockstep else self._decode_mask(plan.length, positions)
             return [_DecodeGroup(plan.length, plan.lo, plan.hi, mask=mask)]
         reorder = len(plans) > 1
@@ -307,7 +421,8 @@ class DecoderRunner:
             rel = take(n) if not plan.gather and plan.hi - plan.lo > n else None
             group_pos = take(n if plan.gather else plan.hi - plan.lo)
             mask = None  # every query attends every key: lockstep rows need no mask
-            if any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None or self._windowed(plan.length):
+            if (invariant or any(pos[r] != plan.length - 1 for r in plan.rows) or rel is not None
+                    or self._windowed(plan.length)):
                 mask = self._decode_mask(plan.length, group_pos)
             groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
         return groups
