@@ -33,3 +33,17 @@ def test_normaliser_and_step_stats_by_hand():
              MicroStats(loss_sum=1.0, normaliser=2.0, clipped_tokens=0, kl_sum=0.1, tokens=2)]
     assert step_stats(micro, [0.5, 1.5]) == pytest.approx({"loss": 0.3, "grad_norm": 1.0, "clip_frac": 0.2,
                                                            "kl": 0.05})
+
+
+def test_pack_rows_first_fit_decreasing_by_hand():
+    from poise.policy.plan import pack_rows
+
+    # capacity 10 (the longest); longest first: 10 -> row 0; 6 -> row 1; 4 (pos 1) -> row 1; 4 (pos 4) -> row 2;
+    # 3 -> row 2; 2 -> row 2 (room 3 left); each row lists its sequences in position (sample-id) order
+    assert pack_rows([6, 4, 10, 2, 4, 3]) == ((2,), (0, 1), (3, 4, 5))
+    assert pack_rows([5, 5, 5]) == ((0,), (1,), (2,))  # equal lengths: one per row, like padding
+    assert pack_rows([7]) == ((0,),)
+    # 40 tokens in rows of 9 need 5 rows; first fit decreasing finds them (padding would need 8)
+    assert pack_rows([9, 1, 8, 2, 7, 3, 5, 5]) == ((0,), (1, 2), (3, 4), (5, 6), (7,))
+    with pytest.raises(ValueError, match="at least one token"):
+        pack_rows([3, 0])

@@ -5,6 +5,7 @@ Three families (answer lengths in characters of the reference answer):
 - `arith`: "arith 7+12" -> "19"                      1-2 characters
 - `span`:  "span 3 9"   -> "3 4 5 6 7 8 9"            heavy-tailed (Pareto span size), up to ~50
 - `sort`:  "sort 5 2 9 1" -> "1 2 5 9"                heavy-tailed (Pareto list size), up to ~31
+- `count`: "count 3:9="  -> "3 4 5 6 7 8 9"            uniform span of 2-12 numbers (the peer benchmark's task)
 
 Rewards are exact and in [0, 1]: `arith` is exact match; `span` and `sort` score the fraction of
 positions that hold the right item, divided by the longer of the two lists, so only the exact
@@ -25,7 +26,7 @@ from typing import Callable
 from poise.errors import ConfigError
 from poise.rewards.builtin import SCALAR, exact_score, items_score
 
-FAMILIES = ("arith", "span", "sort")
+FAMILIES = ("arith", "span", "sort", "count")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,10 @@ def make_problem(family: str, rng: random.Random, uid: str) -> Problem:
         items = [rng.randint(0, 9) for _ in range(size)]
         prompt = "sort " + " ".join(map(str, items))
         return Problem(uid, family, prompt, " ".join(map(str, sorted(items))), "items")
+    if family == "count":
+        start = rng.randint(0, 40)
+        end = start + rng.randint(1, 11)
+        return Problem(uid, family, f"count {start}:{end}=", " ".join(str(i) for i in range(start, end + 1)), "items")
     raise ConfigError("data.phases[].mix", family, f"unknown task family; choose from {', '.join(FAMILIES)}")
 
 

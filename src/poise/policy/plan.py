@@ -11,6 +11,10 @@ trainer all consume it; none of them cuts batches or sums normalisers on its own
           .ranges         micro-batch j goes to train device d when lo_d <= j < hi_d
                           (contiguous, so each device's part is a union of reduction subtrees)
 
+    pack_rows(lengths)
+        how a micro-batch's sequences share the rows of one packed forward (first-fit
+        decreasing by length, ties by sample id): no padding between short and long sequences.
+
     loss_normaliser(micro_lengths, loss_agg)
         the number a mini-batch's summed loss is divided by, summed per micro-batch
         (micro_normaliser) and then over micro-batches, in one fixed order, whoever computes it.
@@ -117,6 +121,31 @@ def loss_normaliser(micro_lengths: Sequence[Sequence[int]], loss_agg: str) -> fl
     return sum(micro_normaliser(lengths, loss_agg) for lengths in micro_lengths)
 
 
+def pack_rows(lengths: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """How one micro-batch's sequences share rows of a packed forward: positions into `lengths`.
+
+    `lengths`: each sequence's prompt + response tokens, in the micro-batch's sample-id order.
+    Every row holds at most max(lengths) tokens; sequences go longest first (ties by position)
+    into the first row with room (first-fit decreasing), and each row lists its sequences in
+    position order. A pure function of the lengths, which are functions of the sample ids, so
+    the packing is as canonical as the micro-batch itself (invariant 3) and a row wastes only
+    its tail, never the gap between a short sequence and the longest one.
+    """
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"every sequence needs at least one token, got lengths {list(lengths)}")
+    capacity = max(lengths)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = next((r for r, free in enumerate(room) if free >= lengths[i]), len(rows))
+        if r == len(rows):
+            rows.append([])
+            room.append(capacity)
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return tuple(tuple(sorted(row)) for row in rows)
+
+
 @dataclass(frozen=True)
 class MicroStats:
     """What one micro-batch's forward/backward reports for the step's statistics."""
@@ -143,4 +172,4 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
 
 
 __all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "micro_normaliser",
-           "loss_normaliser", "step_stats"]
+           "loss_normaliser", "pack_rows", "step_stats"]

@@ -5,6 +5,12 @@ and micro-batches of `micro_batch_size` (never by arrival order, invariant 3). E
 micro-batch's gradient of its *summed* loss is computed on its own; a mini-batch's gradient is
 their fixed-order tree sum (train/reduce.py) divided once by the plan's normaliser, so the
 update does not depend on how micro-batches were spread over devices or when they arrived.
+
+A micro-batch runs as one packed forward (issue 13): its sequences share rows by `pack_rows`
+(a function of their lengths in sample-id order, so still canonical), positions restart per
+sequence so attention stays within it, and the output head runs only where a response token is
+predicted. No padding between sequences, no per-sample tensor work, one forward per micro-batch
+(plus the reference's when kl_coef > 0; the old log-probs come with the samples).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import torch
 
 from poise.algo.losses import grpo_loss
 from poise.config import AlgorithmConfig
-from poise.policy.plan import MicroStats, loss_normaliser, plan_step, step_stats
+from poise.policy.plan import MicroStats, loss_normaliser, pack_rows, plan_step, step_stats
 from poise.train.reduce import tree_sum
 
 
@@ -41,44 +47,84 @@ class MicroBatchResult:
         return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens)
 
 
-def pad_batch(samples: Sequence[SampleLike], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded [B, L] input ids and attention mask, and the [B, T] response mask.
+@dataclass
+class PackedBatch:
+    """One micro-batch packed into rows for a single forward (policy/plan.py `pack_rows`).
 
-    The response of row b occupies positions len(prompt_b) .. len(prompt_b) + len(resp_b) - 1;
-    its tokens are predicted from the logits one position earlier.
+    R rows of C = the longest sequence's tokens; N response tokens over B samples, T the
+    longest response. Each sequence's positions restart at 0, which makes HF attention mask
+    every sequence off from its row neighbours (and from the row's trailing filler).
     """
-    lengths = [len(s.prompt_ids) + len(s.token_ids) for s in samples]
-    longest = max(lengths)
-    t_max = max(1, max(len(s.token_ids) for s in samples))
-    ids = torch.full((len(samples), longest), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(samples), longest), dtype=torch.long)
-    resp_mask = torch.zeros((len(samples), t_max), dtype=torch.float32)
-    for b, s in enumerate(samples):
-        seq = list(s.prompt_ids) + list(s.token_ids)
-        ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attn[b, :len(seq)] = 1
-        resp_mask[b, :len(s.token_ids)] = 1.0
-    return ids, attn, resp_mask
+
+    input_ids: torch.Tensor  # [R, C] long
+    position_ids: torch.Tensor  # [R, C] long
+    predict_at: torch.Tensor  # [N] long: flat index into R * C of the position predicting each response token
+    targets: torch.Tensor  # [N] long: the response tokens, sample by sample
+    old_logprobs: torch.Tensor  # [N] float32: their behaviour log-probs
+    scatter_at: torch.Tensor  # [N] long: flat index into B * T where each response token's value goes
+    mask: torch.Tensor  # [B, T] float32: 1 on real response tokens
+    rows: int  # R: padded token positions are R * C, against B * C unpacked
 
 
-def response_logprobs(model: torch.nn.Module, samples: Sequence[SampleLike], pad_id: int,
-                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of each response token under `model` at `temperature`: ([B, T], mask [B, T])."""
+def pack_batch(samples: Sequence[SampleLike], pad_id: int) -> PackedBatch:
+    """The packed tensors of one micro-batch (samples in sample-id order), built from flat lists:
+    one tensor per field, no per-sample tensor work."""
+    prompt_lens = [len(s.prompt_ids) for s in samples]
+    resp_lens = [len(s.token_ids) for s in samples]
+    lengths = [p + n for p, n in zip(prompt_lens, resp_lens)]
+    rows = pack_rows(lengths)
+    capacity = max(lengths)
+    start = [0] * len(samples)  # where each sequence starts in the flat [R * C] layout
+    ids: list[int] = []
+    positions: list[int] = []
+    for r, row in enumerate(rows):
+        at = r * capacity
+        for b in row:
+            start[b] = at
+            s = samples[b]
+            ids += s.prompt_ids
+            ids += s.token_ids
+            at += lengths[b]
+        filler = (r + 1) * capacity - at
+        ids += [pad_id] * filler
+        positions += [i for b in row for i in range(lengths[b])] + list(range(filler))
+    b_count, t_max = len(samples), max(1, max(resp_lens))
+    n_resp = torch.tensor(resp_lens, dtype=torch.long)
+    first = torch.cumsum(n_resp, 0) - n_resp  # each sample's first token in the flat [N] order
+    sample_of = torch.repeat_interleave(torch.arange(b_count), n_resp)  # [N]
+    column = torch.arange(int(n_resp.sum())) - first[sample_of]  # [N]: token index within its response
+    # token t of sample b is predicted at position prompt_b - 1 + t of its sequence
+    predict_at = (torch.tensor(start) + torch.tensor(prompt_lens) - 1)[sample_of] + column
+    mask = torch.zeros(b_count * t_max, dtype=torch.float32)
+    scatter_at = sample_of * t_max + column
+    mask[scatter_at] = 1.0
+    return PackedBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long).view(len(rows), capacity),
+        position_ids=torch.tensor(positions, dtype=torch.long).view(len(rows), capacity),
+        predict_at=predict_at,
+        targets=torch.tensor([t for s in samples for t in s.token_ids], dtype=torch.long),
+        old_logprobs=torch.tensor([x for s in samples for x in s.logprobs], dtype=torch.float32),
+        scatter_at=scatter_at, mask=mask.view(b_count, t_max), rows=len(rows))
+
+
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """Log-probs [N] of each response token under `model` at `temperature`, from one forward over
+    the packed rows. The output head runs on the N predicting positions only, not on every row
+    position (prompts and filler need no logits)."""
     device = next(model.parameters()).device
-    ids, attn, resp_mask = (t.to(device) for t in pad_batch(samples, pad_id))
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float()
+    hidden = model.get_decoder()(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
+                                 use_cache=False).last_hidden_state
+    picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.predict_at.to(device))
+    logits = model.get_output_embeddings()(picked).float()
     if temperature > 0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    t_max = resp_mask.shape[1]
-    rows = []
-    for b, s in enumerate(samples):
-        p, n = len(s.prompt_ids), len(s.token_ids)
-        targets = torch.tensor(list(s.token_ids), dtype=torch.long, device=device)
-        row = logp_all[b, p - 1:p - 1 + n].gather(-1, targets[:, None]).squeeze(-1)
-        rows.append(torch.nn.functional.pad(row, (0, t_max - n)))
-    out = torch.stack(rows)
-    return out, resp_mask
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.to(device)[:, None]).squeeze(-1)
+
+
+def unflatten(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[N] per-token values as the [B, T] response layout of algo/losses.py (0 past each response)."""
+    out = torch.zeros(batch.mask.numel(), dtype=flat.dtype, device=flat.device)
+    return out.index_put((batch.scatter_at.to(flat.device),), flat).view_as(batch.mask)
 
 
 class PolicyTrainer:
@@ -101,19 +147,20 @@ class PolicyTrainer:
                          advantages: torch.Tensor) -> MicroBatchResult:
         """Gradient of the summed GRPO loss of one micro-batch. advantages: [B] float32."""
         self.model.train()
-        advantages = advantages.to(self.params[0].device)
+        device = self.params[0].device
+        advantages = advantages.to(device)
         temperature = self.cfg.sampling.temperature
-        logp, mask = response_logprobs(self.model, samples, self.pad_id, temperature)
+        batch = pack_batch(samples, self.pad_id)  # one forward per micro-batch, no padding between sequences
+        logp = unflatten(packed_logprobs(self.model, batch, temperature), batch)
+        mask = batch.mask.to(device)
         ref = None
         if self.cfg.kl_coef > 0:
             with torch.no_grad():
-                ref, _ = response_logprobs(self.ref_model, samples, self.pad_id, temperature)
+                ref = unflatten(packed_logprobs(self.ref_model, batch, temperature), batch)
         # The old policy is the behaviour policy that sampled the tokens (its log-probs come with
         # the sample): exact for async staleness 1 and for several updates per step, without an
         # extra forward pass. Departure from verl, which recomputes them with the trainer.
-        old = torch.zeros_like(logp)
-        for b, s in enumerate(samples):
-            old[b, :len(s.logprobs)] = torch.tensor(list(s.logprobs), dtype=torch.float32, device=old.device)
+        old = unflatten(batch.old_logprobs.to(device), batch)
         loss = grpo_loss(logp, old, advantages, mask, self.cfg.clip_eps, self.cfg.kl_coef, ref,
                          self.cfg.loss_agg)
         grads = torch.autograd.grad(loss.total, self.params, allow_unused=True)
