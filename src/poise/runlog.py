@@ -18,7 +18,9 @@ from typing import Any, Iterator
 from poise.errors import PoiseError
 
 EVENT_KINDS = ("interval", "sample", "step", "decision", "resize", "sync",  # sync: run.verify_sync digests
-               "reward_failure")  # a reward function failed on a sample: scored by reward.fallback
+               "reward_failure",  # a reward function failed on a sample: scored by reward.fallback
+               "join",  # a reserve device joined as a rollout instance (scale:)
+               "recovery")  # a worker died and the run survived it (runtime/faults.py)
 
 
 def _clean(value: Any) -> Any:

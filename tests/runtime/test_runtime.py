@@ -221,8 +221,4 @@ def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, re
     _assert_syncs(got, (2, 2))
     got.assert_bitwise_equal(reference, "crashed and resumed vs colocated")
 
-
-def test_async_resume_is_refused_before_any_work(tmp_path):
-    with pytest.raises(PoiseError, match="--resume of pipeline.mode=async is not supported yet"):
-        train_disaggregated(_cfg(tmp_path / "run", "pipeline.mode=async"), resume=True)
-    assert not (tmp_path / "run").exists()
+# An async run resumes too (issue 11): tests/runtime/test_resume.py.

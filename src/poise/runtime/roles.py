@@ -134,6 +134,7 @@ class EngineLoop:
         self._stop = False
         self._admitting: list[Request] = []  # taken from _pending by the loop, not yet in the engine
         self._epoch = 0  # bumped by every abort
+        self.steps = 0  # engine steps taken: the heartbeat of a generation with no sample finished yet
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -218,6 +219,7 @@ class EngineLoop:
                         self.engine.submit(request)
                     self._admitting = []
                     finished = self.engine.step()
+                    self.steps += 1
                     with self._cv:  # under the engine lock too: an abort sees all of a step or none
                         self._outbox.extend(finished)
                         self._in_flight -= len(finished)

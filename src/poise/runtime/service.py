@@ -11,15 +11,18 @@ yields finished samples in batches.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from poise.data.tasks import Problem
 from poise.policy.dispatch import Dispatcher, DispatchPlan, InstanceInfo
 from poise.policy.rankers import Finished, LengthRanker, Prompt
+from poise.runtime.faults import StepTimeout, hang_message, lost_or_raise
 from poise.types import Request, Sample, SampleId
 
 
@@ -32,7 +35,9 @@ class _Instance:
 
 class StreamGenerationService:
     def __init__(self, workers: Sequence[object], devices: Sequence[int], dispatcher: Dispatcher,
-                 ranker: LengthRanker | None, group_size: int, num_slots: int, take_seconds: float = 0.5):
+                 ranker: LengthRanker | None, group_size: int, num_slots: int, take_seconds: float = 0.5,
+                 step_timeout_s: float = 600.0):
+        self.step_timeout_s = step_timeout_s  # an instance with work and no engine step this long is hung
         self.instances = [_Instance(w, d) for w, d in zip(workers, devices)]
         self.dispatcher, self.ranker = dispatcher, ranker
         self.group_size, self.num_slots, self.take_seconds = group_size, num_slots, take_seconds
@@ -71,13 +76,25 @@ class StreamGenerationService:
             batch, self.carried = self.carried, []
             yield batch
         refs = {inst.worker.take.remote(self.take_seconds): inst for inst in self.instances if inst.in_flight}
+        # the heartbeat: each instance's engine step count and when it last changed
+        progress = {inst.device: (-1, time.time()) for inst in self.instances}
         while refs:
-            ray.wait(list(refs), num_returns=1)  # the first instance with news ...
+            ray.wait(list(refs), num_returns=1, timeout=self.step_timeout_s)  # the first instance with news ...
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)  # ... and every other one
+            now = time.time()
+            silent = sorted(i.device for i in refs.values() if now - progress[i.device][1] > self.step_timeout_s)
+            if silent:
+                raise StepTimeout(hang_message(None, silent, f"generation of step {self._step}", self.step_timeout_s,
+                                               "rollout"))
             batch: list[Sample] = []
             for ref in ready:
                 inst = refs.pop(ref)
-                finished, inst.in_flight, busy = ray.get(ref)
+                try:
+                    finished, inst.in_flight, busy, steps = ray.get(ref)
+                except (RayActorError, RayTaskError) as e:
+                    raise lost_or_raise(None, e, [inst.device], f"generation of step {self._step}") from e
+                if steps != progress[inst.device][0] or finished:
+                    progress[inst.device] = (steps, now)
                 self.busy[self._step] += [(inst.device, start, end) for start, end in busy]
                 batch.extend(finished)
                 if inst.in_flight:
@@ -141,7 +158,8 @@ class StreamGenerationService:
         """Queue the bucketed broadcast trainer -> every rollout instance over the cached sync group,
         behind `after` (the leader's last update); returns the refs of each side's seconds."""
         ranks = [leader_rank] + [inst.device for inst in self.instances]
-        refs = [train_leader.sync_weights.remote(leader_rank, ranks, version, bucket_mb)]  # after its update
+        # after its update, and only if it succeeded (the receivers wait on it through `after`)
+        refs = [train_leader.sync_weights.remote(leader_rank, ranks, version, bucket_mb, requires=after)]
         refs += [inst.worker.sync_weights.remote(leader_rank, ranks, version, bucket_mb, after)
                  for inst in self.instances]
         return refs

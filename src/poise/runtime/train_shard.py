@@ -29,7 +29,8 @@ class CommunicatorCache:
     same rank sets in the same order, which `DeviceWorker.prewarm_groups` guarantees.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout=None) -> None:
+        self.timeout = timeout  # of every collective on these groups (cluster.step_timeout_s)
         self._groups: dict[frozenset[int], object] = {}
         self.created_after_prewarm = 0  # groups a resize had to create on its critical path
         self._prewarmed = False
@@ -37,7 +38,7 @@ class CommunicatorCache:
     def get(self, ranks: list[int] | tuple[int, ...]):
         key = frozenset(ranks)
         if key not in self._groups:
-            self._groups[key] = dist.new_group(sorted(key))
+            self._groups[key] = dist.new_group(sorted(key), timeout=self.timeout)
             self.created_after_prewarm += self._prewarmed
         return self._groups[key]
 
@@ -134,10 +135,11 @@ class TorchTrainShard:
         self.wait_staging()
         self.trainer.optimizer.state.clear()
 
-    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
+    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None) -> str:
         """Write this replica's weights, optimizer and RNG (the colocated loop's format)."""
         self.wait_staging()
-        return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version)))
+        return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
+                                   extra))
 
     def load_checkpoint(self, path: str) -> tuple[int, int]:
         state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer)

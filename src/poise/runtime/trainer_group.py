@@ -19,6 +19,7 @@ import torch
 from poise.algo.losses import group_advantages
 from poise.errors import PoiseError
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats
+from poise.runtime.faults import wait
 from poise.types import Sample, SampleId
 
 
@@ -59,9 +60,10 @@ class StepLedger:
 
 class TrainerGroup:
     def __init__(self, workers: Sequence[object], ranks: Sequence[int], scale_rewards: bool, streaming: bool,
-                 loss_agg: str):
+                 loss_agg: str, step_timeout_s: float = 600.0):
         self.workers, self.ranks = list(workers), list(ranks)
         self.scale_rewards, self.streaming, self.loss_agg = scale_rewards, streaming, loss_agg
+        self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
 
     def set_devices(self, workers: Sequence[object], ranks: Sequence[int]) -> None:
         """The train devices after a live resize (between steps: nothing of a step is in flight)."""
@@ -125,8 +127,9 @@ class TrainerGroup:
             normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
                                          self.loss_agg)
             micro = [ref for (u, _), ref in self.micro_refs if u == mini.index]
+            # every device enters the all-gather only once every micro-batch succeeded (runtime/faults.py)
             self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks,
-                                                           micro if d == 0 else None)
+                                                           micro if d == 0 else None, None if d == 0 else micro)
                                      for d, (w, (lo, hi)) in enumerate(zip(self.workers, mini.ranges))])
             self.next_mini += 1
 
@@ -143,10 +146,14 @@ class TrainerGroup:
         and the micro-batch and update records (device, start, end) for the event log."""
         self.ledger.check_complete()
         self._dispatch_ready()
-        done = ray.get([ref for _, ref in self.micro_refs])
+        what = f"training of step {self.plan.step}"
+        micro_owner = {mini.index: [self.ranks[mini.owner(j)] for j in range(len(mini.micro))]
+                       for mini in self.plan.minis}
+        done = wait([ref for _, ref in self.micro_refs], [micro_owner[u][js[0]] for (u, js), _ in self.micro_refs],
+                    what, self.step_timeout_s, role="train")
         records = {(u, j): m for ((u, js), _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}
         micro = [records[key] for key in sorted(records)]  # (mini-batch, micro-batch) index order
-        updates = [ray.get(refs) for refs in self.update_refs]
+        updates = [wait(refs, self.ranks, what, self.step_timeout_s, role="train") for refs in self.update_refs]
         stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"])
                             for m in micro], [u[0]["grad_norm"] for u in updates])
         return stats, micro, [u for per_device in updates for u in per_device]

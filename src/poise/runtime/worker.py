@@ -35,16 +35,19 @@ class WorkerSpec:
     bitwise: bool
     device: str  # "cpu" | "cuda"
     emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
+    step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
+    test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
 
 
 @ray.remote
 class DeviceWorker:
-    def __init__(self, rank: int, world_size: int, master_port: int, spec: WorkerSpec):
+    def __init__(self, rank: int, world_size: int, rendezvous: str, spec: WorkerSpec):
         self.rank = rank
         self.role: Role = "idle"
         self.version = 0
+        self.hang = _parse_hang(spec.test_hang, rank)
         build = _emulated_roles if spec.emulated is not None else _real_roles
-        engine, self.shard, self.sync = build(rank, world_size, master_port, spec, self._with_engine)
+        engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
 
     def _with_engine(self, fn):
@@ -62,6 +65,10 @@ class DeviceWorker:
     def weights_digest(self) -> str:
         return self.shard.digest()
 
+    def held_version(self) -> int:
+        """The weights version this device holds; also the fault handler's liveness probe."""
+        return self.version
+
     def loaded_torch(self) -> bool:
         """Whether this actor's process imported torch (an emulated one must not)."""
         return "torch" in sys.modules
@@ -69,12 +76,14 @@ class DeviceWorker:
     # ---- rollout role -------------------------------------------------------------------------
     def submit(self, requests: list, cap: int) -> None:
         """Queue requests; at most `cap` are inside the engine at once (the dispatcher's cap)."""
+        self._maybe_hang("submit", [r.sample_id[0] for r in requests])
         self.loop.submit(requests, cap)
 
-    def take(self, timeout: float) -> tuple[list, int, list[tuple[float, float]]]:
+    def take(self, timeout: float) -> tuple[list, int, list[tuple[float, float]], int]:
         """Finished samples (waiting up to `timeout` s for the first), requests still in flight,
-        and the busy intervals (wall clock) closed since the last take."""
-        return self.loop.take(timeout)
+        the busy intervals (wall clock) closed since the last take, and the engine's step count
+        (the generation heartbeat: runtime/faults.py)."""
+        return (*self.loop.take(timeout), self.loop.steps)
 
     def abort_generation(self) -> tuple[list, list, list]:
         """A live resize takes this rollout device: (finished samples not yet taken, partial samples,
@@ -125,13 +134,18 @@ class DeviceWorker:
         """Forward/backward of each (micro-batch index, its samples' ObjectRef, their advantages), in
         the order given; returns each one's stats."""
         samples = ray.get([ref for _, ref, _ in batches])
+        self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
     def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int], after: list | None = None) -> dict:
+                     train_ranks: list[int], after: list | None = None, requires: list | None = None) -> dict:
         """One reduction + optimizer step; the leader's `after` holds every micro-batch of the
         mini-batch, so the update it publishes ends after the last one (the all-gather imposes that
-        on every rank with real compute; an emulated shard has no collective)."""
+        on every rank with real compute; an emulated shard has no collective). `requires`: calls
+        that must have succeeded first (runtime/faults.py: a device never enters a collective that
+        a failed or dead peer cannot join, where it would wait for gloo's timeout)."""
+        if requires:
+            ray.get(requires)
         inputs_ready = None
         if after:  # every micro-batch's record: the last one's end is when the all-gather could start
             inputs_ready = max(record["end"] for records in ray.get(after) for record in records)
@@ -140,10 +154,13 @@ class DeviceWorker:
         return out
 
     # ---- weight sync ------------------------------------------------------------------------
-    def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float, after: list | None = None
-                     ) -> float:
+    def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float, after: list | None = None,
+                     requires: list | None = None) -> float:
         """Send or receive weights `version`; `after` holds the train leader's last update of the
-        step, so a sync can be queued before that update ends (the barrier a collective is anyway)."""
+        step, so a sync can be queued before that update ends (the barrier a collective is anyway).
+        `requires`: calls that must have succeeded first (the sender's own update: see apply_update)."""
+        if requires:
+            ray.get(requires)
         sender_ready = None
         if after:  # the leader's update record: when the sender entered the sync
             sender_ready = max(record["end"] for record in ray.get(after))
@@ -151,7 +168,10 @@ class DeviceWorker:
         self.version = version
         return seconds
 
-    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
+    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None) -> str:
+        """`extra`: more files for the checkpoint (an async run's next samples)."""
+        if extra:
+            return self.shard.save_checkpoint(run_dir, step, version, extra)
         return self.shard.save_checkpoint(run_dir, step, version)
 
     def load_checkpoint(self, path: str) -> tuple[int, int]:
@@ -162,10 +182,27 @@ class DeviceWorker:
     def shutdown(self) -> None:
         self.loop.close()
 
+    def _maybe_hang(self, call: str, steps: list[int]) -> None:
+        """The fault tests' hung worker: sleep forever in `call` for work of the hook's step."""
+        if self.hang is not None and self.hang[0] == call and self.hang[1] in steps:
+            import time
 
-def _real_roles(rank: int, world_size: int, master_port: int, spec: WorkerSpec, engine_call):
+            while True:
+                time.sleep(3600)
+
+
+def _parse_hang(spec: str | None, rank: int) -> tuple[str, int] | None:
+    """POISE_TEST_HANG=<submit|train>:<step>:<device> -> (call, step) on that device, else None."""
+    if not spec:
+        return None
+    call, step, device = spec.split(":")
+    return (call, int(step)) if int(device) == rank else None
+
+
+def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, engine_call):
     """A model, its engine (sharing the module tree: a train->rollout switch copies no weight), a
     torch train shard and the broadcast sync, in one torch.distributed world (gloo/NCCL)."""
+    import datetime
     import time
 
     import torch
@@ -180,10 +217,14 @@ def _real_roles(rank: int, world_size: int, master_port: int, spec: WorkerSpec, 
     pin_threads(spec.threads, spec.bitwise)
     torch.manual_seed(spec.seed)  # the colocated loop's RNG state, saved in checkpoints
     device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo",
-                            init_method=f"tcp://127.0.0.1:{master_port}", rank=rank, world_size=world_size)
-    comm = CommunicatorCache()
+    timeout = datetime.timedelta(seconds=spec.step_timeout_s)  # a dead peer must not hold a survivor for 30 min
+    from poise.runtime.faults import START_UP_S
+
+    # the rendezvous waits for the slowest actor's start (model imports on a loaded machine)
+    store = join_rendezvous(rank, world_size, rendezvous, max(timeout, datetime.timedelta(seconds=START_UP_S)))
+    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=world_size, timeout=timeout)
+    comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     model = _initial_policy(spec, tokenizer).to(device)
     ref = None
@@ -199,11 +240,49 @@ def _real_roles(rank: int, world_size: int, master_port: int, spec: WorkerSpec, 
     return engine, shard, BroadcastSync(rank, model, comm, device, engine_call)
 
 
-def _emulated_roles(rank: int, world_size: int, master_port: int, spec: WorkerSpec, engine_call):
+def _emulated_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, engine_call):
     """Compute replaced by cost-model sleeps; no model, no torch, no torch.distributed world."""
     from poise.runtime.emulated import emulated_roles
 
     return emulated_roles(rank, spec.emulated, spec.rollout.num_slots, engine_call)
+
+
+_LISTENER = []  # device 0's store socket, alive as long as the process
+
+
+def join_rendezvous(rank: int, world_size: int, key: str, timeout):
+    """The torch.distributed store of this job's world, on device 0's node address as Ray reports
+    it (loopback for a local Ray) and bound to that interface only (issue 11: the default store
+    listens on every interface). Device 0 binds a free port there and publishes `host:port` in
+    Ray's internal key-value store under `key`; the others read it from there. gloo's own sockets
+    go on the interface of this node's address."""
+    import socket
+    import time
+
+    import torch.distributed as dist
+    from ray.experimental import internal_kv
+
+    from poise.runtime.cluster import interface_of
+
+    here = ray.util.get_node_ip_address()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(here))
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET6 if ":" in here else socket.AF_INET)
+        listener.bind((here, 0))
+        listener.listen(max(128, world_size))
+        _LISTENER.append(listener)
+        port = listener.getsockname()[1]
+        store = dist.TCPStore(here, port, world_size, True, timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=listener.fileno())
+        internal_kv._internal_kv_put(key, f"{here}|{port}", overwrite=True)
+        return store
+    deadline = time.time() + timeout.total_seconds()
+    while (found := internal_kv._internal_kv_get(key)) is None:
+        if time.time() > deadline:
+            raise RuntimeError(f"device {rank}: device 0 published no rendezvous address within {timeout}")
+        time.sleep(0.05)
+    host, port = found.decode().split("|")
+    return dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
 
 
 def _initial_policy(spec: WorkerSpec, tokenizer):

@@ -33,6 +33,9 @@ from safetensors.torch import load_file, save_file
 from poise.errors import PoiseError
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
+# An async run's checkpoint also holds the samples of the next step, made with the weights before
+# the last update (exact staleness 1): what `--resume` of an async run needs (runtime/driver.py).
+PENDING_SAMPLES = "pending_samples.jsonl"
 MARKER = "latest"
 PARTIAL_PREFIX = ".tmp-"  # an unfinished save (or deletion): never a checkpoint
 STEP_DIR = re.compile(r"step_(\d{6,})")
@@ -53,9 +56,11 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState) -> Path:
+                    state: TrainState, extra: dict[str, bytes] | None = None) -> Path:
     """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
-    `latest` at it. Tensors are written as they are (no device-side copies)."""
+    `latest` at it. Tensors are written as they are (no device-side copies). `extra`: more files
+    the resumed run needs (an async run's next samples, PENDING_SAMPLES), written and verified
+    with the others."""
     from poise.model.loading import save_hf_weights
 
     root = Path(run_dir) / "checkpoints"
@@ -76,12 +81,14 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
     del tensors
     _test_kill("optimizer", state.step)
-    sizes = {name: (tmp / name).stat().st_size for name in CHECKPOINT_FILES[:-1]}
+    for name, data in (extra or {}).items():
+        (tmp / name).write_bytes(data)
+    sizes = {name: (tmp / name).stat().st_size for name in [*CHECKPOINT_FILES[:-1], *(extra or {})]}
     rng = torch.get_rng_state().tolist()
     (tmp / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
                                                 "torch_rng": rng, "files": sizes}) + "\n")
     _test_kill("state", state.step)
-    for name in CHECKPOINT_FILES:
+    for name in [*CHECKPOINT_FILES, *(extra or {})]:
         _fsync(tmp / name)
     _fsync(tmp)
     if path.exists():  # a torn or older save of this step, past the checkpoint a resume started from
@@ -139,7 +146,7 @@ def verify_checkpoint(path: Path) -> str | None:
             return "state.json does not describe this step"
         json.loads((path / "config.json").read_text())
         sizes = meta.get("files", {})  # absent in checkpoints from before issue 11
-        for name in CHECKPOINT_FILES[:-1]:
+        for name in [*CHECKPOINT_FILES[:-1], *(n for n in sizes if n not in CHECKPOINT_FILES)]:
             size = (path / name).stat().st_size
             if name in sizes and sizes[name] != size:
                 return f"{name} has {size} bytes, state.json says {sizes[name]}"
@@ -254,3 +261,28 @@ def _fsync(path: Path) -> None:
 def _test_kill(write: str, step: int) -> None:
     if os.environ.get(KILL_AT_ENV) == f"{write}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# --- an async run's next samples ------------------------------------------------------------------
+def encode_samples(samples: list, instance_of: dict) -> bytes:
+    """One JSON line per sample (ids, tokens, logprobs: floats round-trip exactly through JSON),
+    with the device that generated it."""
+    from dataclasses import asdict
+
+    lines = [json.dumps({**asdict(s), "instance": instance_of.get(tuple(s.sample_id))}) for s in samples]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def decode_samples(path: Path) -> list[tuple[object, int | None]]:
+    """(Sample, generating device) of each line written by `encode_samples`."""
+    from poise.types import Sample
+
+    out = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        instance = row.pop("instance", None)
+        row["sample_id"] = tuple(row["sample_id"])
+        for key in ("prompt_ids", "token_ids", "logprobs"):
+            row[key] = tuple(row[key])
+        out.append((Sample(**row), instance))
+    return out

@@ -1,0 +1,306 @@
+"""Fault handling (DESIGN.md "Faults", issue 11): every wait on a device has a deadline, a dead
+worker is replaced and the step it broke runs again, and what cannot be recovered stops the run
+with one line.
+
+Deadlines. `wait` is `ray.get` with `cluster.step_timeout_s` as a heartbeat: the clock restarts
+each time one of the awaited results arrives, so a long step made of many short calls is never
+cut, and a device silent for `step_timeout_s` (a hung call, a collective with a missing peer,
+an engine that stopped stepping) ends the run with one line naming it. gloo collectives carry the
+same timeout (runtime/worker.py), so no survivor waits 30 minutes on a dead peer.
+
+Recovery. A worker that dies mid-step (`ray.kill`, a crashed process, a lost node) surfaces as a
+`WorkerLost` from any wait. The driver then calls `recover`: a surviving train device (train
+devices hold full replicas: weights and optimizer state) writes its state to a scratch
+checkpoint, every actor is stopped and a fresh one started in each device's bundle (a fresh
+torch.distributed world, its communicators re-created and pre-warmed through the communicator
+cache), and every device loads that state. The step then runs again from the phase that broke:
+its generation and training if its update had not happened (sampling is a function of the sample
+id, so the step's samples are the same tokens), only the weight publish if it had. Departure
+from the issue's "restart the dead actor alone": the torch.distributed world of the survivors
+cannot take in a new process, and its store lives on device 0, so the whole world is re-formed,
+as a hard resize does; the cost is measured in RELIABILITY.md.
+
+Unrecoverable: every train device gone (no replica of the optimizer state survives), a death
+inside a step whose earlier update already happened on some device (updates_per_step > 1), or
+more than `cluster.max_recoveries` deaths. The run stops with one line naming the device and the
+step; the last checkpoint is intact and `--resume` continues from it.
+
+Test hooks (read by the driver, honoured by real Ray calls, never a mock):
+  POISE_TEST_KILL=<phase>:<step>:<device>   ray.kill that device's actor at `phase` of `step`:
+      generate (after the step's first samples arrived), train (generation over, its
+      micro-batches queued or running), publish (the update done, the weight sync in flight),
+      checkpoint (before the step's checkpoint is written).
+  POISE_TEST_HANG=<call>:<step>:<device>    the device's actor sleeps forever in `call`
+      (submit or train) for the requests/micro-batches of `step` (runtime/worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from poise.errors import PoiseError
+
+KILL_ENV = "POISE_TEST_KILL"
+HANG_ENV = "POISE_TEST_HANG"
+KILL_PHASES = ("generate", "train", "publish", "checkpoint")
+PROBE_S = 5.0  # how long a survivor has to answer the probe after a failure
+START_UP_S = 300.0  # at least this long for the actors' start (model build, rendezvous) on a loaded machine
+
+
+class RunFailure(PoiseError):
+    """A device failed in a way the run did not survive; the message is the one line to print."""
+
+    exit_code = 1
+
+
+class StepTimeout(RunFailure):
+    """A device made no progress for cluster.step_timeout_s."""
+
+
+class WorkerLost(Exception):
+    """A device's actor died; `recover` can replace it. Not user-facing: the driver handles it."""
+
+    def __init__(self, devices: Sequence[int], what: str):
+        self.devices, self.what = sorted(devices), what
+        super().__init__(f"device(s) {self.devices} lost during {what}")
+
+
+def role_of(rt, device: int) -> str:
+    return "train" if device in rt.train_ranks else "rollout" if device in rt.rollout_ranks else "idle"
+
+
+def wait(refs: Sequence, devices: Sequence[int], what: str, timeout_s: float, rt=None, role: str | None = None
+         ) -> list:
+    """`ray.get(refs)` with a heartbeat deadline: fails if no result arrives for `timeout_s`.
+
+    `devices[i]` is the device that runs `refs[i]` (for the one-line message, with its role from
+    `rt` or `role`). A dead actor, or a
+    call that failed because another actor died (a collective with a dead peer, a get of a dead
+    actor's result), raises WorkerLost; any other error is raised as it is.
+    """
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
+        if not ready:
+            late = sorted({devices[i] for i, r in enumerate(refs) if r in pending})
+            raise StepTimeout(hang_message(rt, late, what, timeout_s, role))
+        if len(pending) > 1:  # collect whatever else is done, then restart the clock
+            more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
+    out = []
+    for ref, device in zip(refs, devices):
+        try:
+            out.append(ray.get(ref))
+        except (RayActorError, RayTaskError) as e:
+            raise lost_or_raise(rt, e, [device], what) from e
+    return out
+
+
+def get(ref, device: int, what: str, timeout_s: float, rt=None):
+    """One call's result with a deadline (see `wait`)."""
+    return wait([ref], [device], what, timeout_s, rt)[0]
+
+
+def hang_message(rt, devices: list[int], what: str, timeout_s: float, role: str | None = None) -> str:
+    names = ", ".join(f"device {d} ({role_of(rt, d) if rt is not None else role})" if rt is not None or role
+                      else f"device {d}" for d in devices)
+    return (f"{names} made no progress for {timeout_s:g} s during {what}; the run stopped and released its devices "
+            "(raise cluster.step_timeout_s if its steps are that long, else look at that worker's log; "
+            "--resume continues from the last checkpoint)")
+
+
+def lost_or_raise(rt, error: BaseException, devices: list[int], what: str) -> BaseException:
+    """The exception to raise for a failed call: WorkerLost naming the dead devices if any actor of
+    the job died (the failure may be a survivor's, e.g. a collective with the dead peer), else the
+    call's own error."""
+    dead = dead_devices(rt) if rt is not None else []
+    if isinstance(error, RayActorError) and not isinstance(error, RayTaskError):
+        dead = sorted(set(dead) | set(devices))
+    if dead:
+        return WorkerLost(dead, what)
+    return error
+
+
+def dead_devices(rt) -> list[int]:
+    """Devices whose actor is dead. A busy actor answers the probe late, so only Ray's word that
+    the actor died counts (it comes at once), not silence within PROBE_S."""
+    refs = [w.held_version.remote() for w in rt.workers]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_S)
+    dead = []
+    for device, ref in enumerate(refs):
+        if ref not in ready:
+            continue
+        try:
+            ray.get(ref)
+        except RayActorError:
+            dead.append(device)
+    return dead
+
+
+# ---- recovery ----------------------------------------------------------------------------------
+def settled_updates(trainer, timeout_s: float) -> str:
+    """Whether the updates the trainer queued in the step that broke happened: 'none', 'all' (on
+    every train device) or 'some'. Waits for the calls still running (a survivor's collective
+    with a dead peer fails at once; gloo's timeout bounds the rest)."""
+    refs = [ref for per_mini in getattr(trainer, "update_refs", []) for ref in per_mini]
+    if not refs:
+        return "none"
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    ok = 0
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=0)
+            ok += 1
+        except Exception:  # noqa: BLE001 - failed, died or still hung: not done
+            pass
+    return "none" if ok == 0 else "all" if ok == len(refs) and trainer.next_mini == len(trainer.plan.minis) else "some"
+
+
+def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int, run_dir: Path, timeout_s: float
+            ) -> tuple[int, str]:
+    """Replace every actor of `rt` (runtime.driver.Runtime) and restore a surviving replica on each:
+    the train devices get a surviving train device's weights and optimizer state (weights
+    `version`); the rollout devices get weights `rollout_version`, from a surviving rollout device
+    if the train devices already moved past it (async: the next step's generation needs the
+    weights before the update). Returns (source train device, a one-line description)."""
+    dead = sorted(set(lost.devices) | set(dead_devices(rt)))
+    roles = [role_of(rt, d) for d in dead]
+    survivors = [d for d in rt.train_ranks if d not in dead]
+    if not survivors:
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, "no train device survives to restore from"))
+    source = survivors[0]
+    held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead, timeout_s))}
+    if held[source] != version:
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"train device {source} holds weights version "
+                                                                f"{held[source]}, not {version}"))
+    rollout_source = source
+    if rollout_version != version:
+        rollout_source = next((d for d in rt.rollout_ranks if d not in dead and held[d] == rollout_version), None)
+        if rollout_source is None:
+            raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"no device holds weights version "
+                                                                    f"{rollout_version} any more"))
+    scratch = Path(run_dir).resolve() / "recover"  # the driver's run.dir, not relative to a worker's directory
+    saves = {source: (scratch / "train", version)}
+    if rollout_source != source:
+        saves[rollout_source] = (scratch / "rollout", rollout_version)
+    try:
+        paths = dict(zip(saves, wait([rt.workers[d].save_checkpoint.remote(str(where), step, v)
+                                      for d, (where, v) in saves.items()], list(saves),
+                                     f"step {step}: saving the surviving replica", timeout_s, rt)))
+    except WorkerLost as e:
+        raise RunFailure(unrecoverable(rt, dead + e.devices, step, run_dir, "a survivor died while it was saved")
+                         ) from None
+    split, rollout_ranks = rt.split, set(rt.rollout_ranks)
+    stop_workers(rt.workers, PROBE_S)
+    rt.start(split, rt.transitions)
+    path_of = [paths[rollout_source] if d in rollout_ranks else paths[source] for d in range(len(rt.workers))]
+    states = wait([w.load_checkpoint.remote(p) for w, p in zip(rt.workers, path_of)], list(range(len(rt.workers))),
+                  f"step {step}: restoring the surviving replica", timeout_s, rt)
+    shutil.rmtree(scratch, ignore_errors=True)
+    want = [rollout_version if d in rollout_ranks else version for d in range(len(rt.workers))]
+    if [v for _, v in states] != want:
+        raise RunFailure(f"recovery at step {step}: devices restored weights versions {[v for _, v in states]}, "
+                         f"expected {want}; resume from the last checkpoint with --resume {run_dir}")
+    return source, (f"device(s) {dead} ({', '.join(roles)}) died at step {step}; replaced, and restored from "
+                    f"device {source}")
+
+
+def step_refs(trainer) -> list:
+    """Every call the trainer queued in its current step (micro-batches, updates)."""
+    return ([ref for _, ref in getattr(trainer, "micro_refs", [])]
+            + [ref for per_mini in getattr(trainer, "update_refs", []) for ref in per_mini])
+
+
+def drain(refs: Sequence) -> None:
+    """Read the results of calls that a recovery abandoned (their actors are gone by now), so that
+    Ray does not print their errors as unhandled tracebacks."""
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=PROBE_S)
+        except Exception:  # noqa: BLE001 - failed or killed: that is why they are abandoned
+            pass
+
+
+def _held_versions(rt, dead: list[int], timeout_s: float) -> list[int | None]:
+    live = [d for d in range(len(rt.workers)) if d not in dead]
+    got = dict(zip(live, wait([rt.workers[d].held_version.remote() for d in live], live, "the recovery probe",
+                              timeout_s)))
+    return [got.get(d) for d in range(len(rt.workers))]
+
+
+def unrecoverable(rt, dead: list[int], step: int, run_dir: Path, why: str) -> str:
+    names = ", ".join(f"device {d} ({role_of(rt, d)})" for d in dead)
+    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+    last = ckpts[-1].name if ckpts else None
+    resume = (f"the last checkpoint {last} is intact: continue with --resume {run_dir}" if last else
+              "no checkpoint was written yet (run.checkpoint_every): start it again")
+    return f"{names} died at step {step} and {why}; the run stopped and released its devices; {resume}"
+
+
+def stop_workers(workers: Sequence, timeout_s: float) -> None:
+    """Shut every worker down and kill its actor, waiting at most `timeout_s` for the polite part:
+    a dead or hung actor must not keep the run (or its placement group) alive."""
+    refs = []
+    for w in workers:
+        try:
+            refs.append(w.shutdown.remote())
+        except Exception:  # noqa: BLE001 - a dead handle: nothing to shut down
+            pass
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for w in workers:
+        try:
+            ray.kill(w)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+# ---- test hooks --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KillAt:
+    phase: str
+    step: int
+    device: int
+
+
+def kill_hooks() -> list[KillAt]:
+    """The POISE_TEST_KILL requests (comma-separated), validated: a typo must not test nothing."""
+    spec = os.environ.get(KILL_ENV, "")
+    hooks = []
+    for part in filter(None, spec.split(",")):
+        try:
+            phase, step, device = part.split(":")
+            hook = KillAt(phase, int(step), int(device))
+        except ValueError:
+            hook = None
+        if hook is None or hook.phase not in KILL_PHASES:
+            raise PoiseError(f"{KILL_ENV}={spec!r}: expected <phase>:<step>:<device>[,...] with phase one of "
+                             f"{', '.join(KILL_PHASES)}; unset it outside the fault tests")
+        hooks.append(hook)
+    return hooks
+
+
+def hang_hook() -> str | None:
+    return os.environ.get(HANG_ENV) or None
+
+
+class Injector:
+    """Kills a device's actor at each phase and step the test asked for (once each), with a real
+    ray.kill: the actor's process ends as if it crashed."""
+
+    def __init__(self) -> None:
+        self.hooks = kill_hooks()
+        self.killed_at: float | None = None  # wall time of the last kill, to measure detection
+
+    def at(self, rt, phase: str, step: int) -> None:
+        for h in [h for h in self.hooks if (h.phase, h.step) == (phase, step)]:
+            self.hooks.remove(h)
+            ray.kill(rt.workers[h.device], no_restart=True)
+            self.killed_at = time.time()

@@ -1,0 +1,113 @@
+"""Failures are detected and survived (issue 11, runtime/faults.py).
+
+`ray.kill` of a rollout device during generation, of a train device during its micro-batches and
+of the train leader during the weight publish, in one sync and in one async run (the real kill,
+at an exact phase, by the POISE_TEST_KILL hook): each run completes with the samples (tokens,
+logprobs, weights versions) and the model and optimizer bytes of the undisturbed run, learning
+all along, and logs each sample and step once. A worker that sleeps forever (POISE_TEST_HANG)
+stops the run with one line within cluster.step_timeout_s of its last progress and releases the
+placement group; the death of the only train device stops the run with one line and an intact
+checkpoint to resume from.
+"""
+
+import time
+
+import pytest
+import ray
+
+from poise.runtime.driver import train_disaggregated
+from poise.errors import PoiseError
+from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure, StepTimeout, kill_hooks, wait
+from poise.train.checkpoint import latest_checkpoint, verify_checkpoint
+
+from fault_runs import assert_logged_once, baseline, config, env, run_once
+
+pytestmark = pytest.mark.ray
+
+# (phase, step, device) on 2+2: devices 0, 1 roll out, 2 (the leader) and 3 train
+KILLS = {
+    # sync: step 0's generation, step 1's micro-batches, step 2's publish
+    "sync": "generate:0:0,train:1:3,publish:2:2",
+    # async: step 1's generation (run during step 0, after its update), step 1's micro-batches, step 2's publish
+    "async": "generate:1:1,train:1:3,publish:2:2",
+}
+
+
+def _recoveries(record) -> list[dict]:
+    return [e for e in record.events if e["kind"] == "recovery"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factory, warm_start, read_run, mode):
+    straight = baseline(mode, tmp_path_factory, warm_start, read_run)
+    killed = run_once(f"{mode}-killed", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
+                      f"pipeline.mode={mode}", hooks={KILL_ENV: KILLS[mode]})
+    straight.assert_learned(warm_start)
+    killed.assert_learned(warm_start)
+    recoveries = _recoveries(killed)
+    assert [e["devices"] for e in recoveries] == [[1 if mode == "async" else 0], [3], [2]], recoveries
+    assert all(e["detect_s"] is not None and e["recover_s"] > 0 for e in recoveries), recoveries
+    killed.assert_bitwise_equal(straight, f"{mode}: three workers killed vs undisturbed")
+    assert_logged_once(killed)
+    assert not (killed.run_dir / "recover").exists()  # the scratch replica is gone
+
+
+def _placement_groups_removed() -> bool:
+    return all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+@pytest.mark.slow
+def test_a_hung_worker_stops_the_run_with_one_line(ray_session, tmp_path, warm_start):
+    timeout_s = 20
+    cfg = config(tmp_path, warm_start, "pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]",
+                 "run.steps=2", f"cluster.step_timeout_s={timeout_s}")
+    t0 = time.monotonic()
+    with env(**{HANG_ENV: "train:1:1"}), pytest.raises(RunFailure) as failure:
+        train_disaggregated(cfg)
+    message = str(failure.value)
+    assert "\n" not in message and message.startswith("device 1 (train) made no progress for 20 s during training "
+                                                      "of step 1"), message
+    assert time.monotonic() - t0 < 10 * timeout_s  # a hang would never end: this only bounds the test
+    assert _placement_groups_removed()
+    assert latest_checkpoint(tmp_path).name == "step_000001"  # step 0 stays resumable
+
+
+@pytest.mark.slow
+def test_the_last_train_device_dying_stops_with_a_resumable_checkpoint(ray_session, tmp_path, warm_start):
+    cfg = config(tmp_path, warm_start, "pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]",
+                 "run.steps=2")
+    with env(**{KILL_ENV: "train:1:1"}), pytest.raises(RunFailure) as failure:
+        train_disaggregated(cfg)
+    message = str(failure.value)
+    assert "\n" not in message, message
+    assert message.startswith("device 1 (train) died at step 1 and no train device survives"), message
+    assert f"step_000001 is intact: continue with --resume {tmp_path}" in message
+    assert verify_checkpoint(latest_checkpoint(tmp_path)) is None
+    assert _placement_groups_removed()
+
+
+@ray.remote(num_cpus=0)
+class _Sleeper:
+    def after(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+def test_the_deadline_is_a_heartbeat(ray_session):
+    """Results that keep arriving keep the wait alive past the deadline; silence ends it."""
+    sleeper = _Sleeper.remote()
+    ray.get(sleeper.after.remote(0))  # started
+    steady = [sleeper.after.remote(0.5) for _ in range(6)]  # one result every 0.5 s for 3 s, deadline 2 s
+    assert wait(steady, list(range(6)), "a steady step", timeout_s=2.0) == [0.5] * 6
+    t0 = time.monotonic()
+    with pytest.raises(StepTimeout, match=r"^device 7 \(train\) made no progress for 2 s during a hung step;"):
+        wait([sleeper.after.remote(0.1), sleeper.after.remote(60)], [6, 7], "a hung step", timeout_s=2.0,
+             role="train")
+    assert time.monotonic() - t0 < 30
+    ray.kill(sleeper)
+
+
+def test_a_misspelt_fault_hook_is_refused():
+    with env(**{KILL_ENV: "generation:0:1"}), pytest.raises(PoiseError, match="POISE_TEST_KILL='generation:0:1'"):
+        kill_hooks()
