@@ -5,6 +5,10 @@ WORKLOAD is a scenario (name or YAML): its cluster, cost model and workload are 
 allocator (StreamRL §4.2) prices every split; then the simulator runs the candidate static
 splits and the resize controller (live and hard) over `--steps` steps, so the answer accounts
 for long tails, phases and length growth, not just the first step.
+
+With `cluster.device_types` the device planner (`plan_devices`) picks each role's type and
+count within the budget; the simulator then runs its per-type split and the best single-type
+split of each type, and the report gives step time, $/h and throughput per dollar of each.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     if steps < 1:
         raise PoiseError(f"--steps {steps} must be >= 1")
     common = [f"steps={steps}", "log.samples=false", "log.intervals=none"]
+    if base.cluster.device_types:
+        return plan_device_types(args, steps, common)
     sc = load_scenario(args.workload, args.overrides + common + ["resize.policy=static"])
     c = sc.cluster
     cost = make_cost(sc)
@@ -79,4 +85,39 @@ def run(args: argparse.Namespace) -> int:
             extra = f"; {len(dyn.resizes)} resize(s), first {dyn.resizes[0]['from']} -> {dyn.resizes[0]['to']}" + \
                     (f", break-even {be:.1f} steps" if be is not None else "")
         print(f"{mode} resizing {verdict}: {gain:+.1%} throughput vs the recommended static split{extra}")
+    return 0
+
+
+def plan_device_types(args: argparse.Namespace, steps: int, common: list[str]) -> int:
+    """`poise plan` with device types: the per-type split against the single-type ones."""
+    sim = Simulation(load_scenario(args.workload, args.overrides + common + ["split=auto"]))
+    dplan, fleet = sim.device_plan, sim.sc.fleet()
+    assert dplan is not None and fleet is not None
+    print(f"plan for {sim.sc.name}: mode {sim.sc.kind}, {steps} steps, budget ${dplan.budget_per_hour:,.2f}/h")
+    for t in fleet.types.values():
+        print(f"  {t.count:>4} x {t.spec()}")
+    for link in fleet.links.values():
+        print(f"  link {link.between[0]} <-> {link.between[1]}: {link.gbps:g} Gbps, {link.latency_ms:g} ms")
+    contenders = [("planner", dplan.best)] + [(f"{name} only", d) for name, d in dplan.single_type.items()
+                                               if d != dplan.best]
+    print(f"\n{'':<12} {'split':<32} {'cap':>4} {'$/h':>7} {'pred s/step':>11} {'sim s/step':>10} "
+          f"{'sim tok/s':>9} {'sim tok/$':>10}")
+    simulated = {}
+    for label, d in contenders:
+        s = simulate(load_scenario(args.workload, args.overrides + common + [
+            f"split=[{d.split.rollout},{d.split.train}]", f"cluster.rollout_type={d.rollout_type}",
+            f"cluster.train_type={d.train_type}", f"cluster.batch_cap={d.batch_cap}"]))
+        per_dollar = s.tokens_per_s * 3600.0 / d.price_per_hour
+        simulated[label] = per_dollar
+        print(f"{label:<12} {str(d):<32} {d.batch_cap:>4} {d.price_per_hour:>7.2f} {d.predicted.step_s:>11.1f} "
+              f"{s.step_s_mean:>10.1f} {s.tokens_per_s:>9,.0f} {per_dollar:>10,.0f}")
+    best = dplan.best
+    print(f"\nrecommended: {best}, batch cap {best.batch_cap}, ${best.price_per_hour:,.2f}/h: "
+          f"{simulated['planner']:,.0f} generated tokens per dollar (simulated)")
+    others = {k: v for k, v in simulated.items() if k != "planner"}
+    if others:
+        label = max(others, key=others.__getitem__)
+        print(f"  {simulated['planner'] / others[label]:.2f}x the throughput per dollar of the best single-type "
+              f"split ({label})")
+    print("resizing: not planned with device types (a role keeps its type; resize.policy must be static)")
     return 0
