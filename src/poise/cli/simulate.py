@@ -40,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
     for r in s.resizes:
         print(f"  resize at step {r['step']}: {r['from']} -> {r['to']} ({r['mode']}, "
               f"{r['critical_path_s']:.0f} s): {r['reason']}")
+    for j in s.joins:
+        print(f"  join after step {j['step']}: device(s) {j['devices']} -> {j['instances']} rollout instances, "
+              f"serving from step {j['first_step']}: {j['reason']}")
+    if s.joins:
+        print(f"  {s.tokens_per_device_s:,.0f} tok per device-second (a joined device counts from its join)")
     if s.break_even_steps is not None:
         measured = s.break_even_steps_measured
         print(f"  break-even of the first resize: {s.break_even_steps:.1f} steps predicted, "

@@ -6,9 +6,14 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   split.py       Split(rollout, train), all_splits
   cost.py        CostModel / CostConfig: decode, prefill, train, weight sync, resize phases;
                  ContinuousBatch (the continuous-batching kernel), instance_finish_times
-  allocator.py   allocate(): initial split and batch cap (StreamRL §4.2); predict_step()
+  allocator.py   allocate(): initial split and batch cap (StreamRL §4.2); predict_step();
+                 plan_devices(): per-type split for a budget, by throughput per dollar (§7.3)
+  devices.py     DeviceType (presets h20, h800, h100, a100), Link, Fleet: device types, groups
+                 (datacenters) and links; Fleet.place prices each role on its type
   controller.py  ResizeController / StaticSplit .observe(StepObservation) -> Decision
                  (DynaResize §3.4); both satisfy the ResizePolicy protocol
+  scale.py       ScaleController / ScheduledJoins / StaticPool .observe(ScaleObservation, now)
+                 -> ScaleDecision: reserve devices join as rollout instances (StreamRL §4.2)
   dispatch.py    DispatchConfig, build_dispatch: round_robin / random / least_loaded / skew_aware
                  dispatchers of prompt groups (StreamRL §5.3)
   rankers.py     oracle / random / history / learned length rankers, recall_at (StreamRL §5.2)
@@ -17,7 +22,9 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   seeds.py       stable_seed: named sub-seeds
 """
 
-from poise.policy.allocator import Allocation, StepPrediction, StepWorkload, allocate, predict_step
+from poise.policy.allocator import (Allocation, DevicePlan, DeviceSplit, StepPrediction, StepWorkload, allocate,
+                                    plan_devices, predict_step)
+from poise.policy.devices import PRESETS, DeviceType, Fleet, Link
 from poise.policy.controller import (NO_HYSTERESIS, ControllerConfig, Decision, ResizeController,
                                      ResizePolicy, StaticSplit, StepObservation)
 from poise.policy.cost import CostConfig, CostModel, ContinuousBatch, ResizeCost, instance_finish_times
@@ -27,10 +34,13 @@ from poise.policy.dispatch import (DispatchConfig, DispatchPlan, Dispatcher, Ins
 from poise.policy.rankers import (Finished, HistoryRanker, LearnedRanker, LengthRanker,
                                   OracleRanker, Prompt, RandomRanker, make_ranker, recall_at)
 from poise.policy.pipeline import PipelineConfig, pipeline_kind, weights_version
+from poise.policy.scale import (ScaleConfig, ScaleController, ScaleDecision, ScaleObservation, ScalePolicy,
+                                ScheduledJoins, StaticPool, make_scale_policy)
 from poise.policy.plan import MiniBatch, MicroStats, StepPlan, plan_step, step_stats
 from poise.policy.split import Split, all_splits
 
 __all__ = [
+    "DevicePlan", "DeviceSplit", "plan_devices", "PRESETS", "DeviceType", "Fleet", "Link",
     "Allocation", "StepPrediction", "StepWorkload", "allocate", "predict_step",
     "NO_HYSTERESIS", "ControllerConfig", "Decision", "ResizeController", "ResizePolicy",
     "StaticSplit", "StepObservation",
@@ -40,5 +50,7 @@ __all__ = [
     "Finished", "HistoryRanker", "LearnedRanker", "LengthRanker", "OracleRanker", "Prompt",
     "RandomRanker", "make_ranker", "recall_at", "Split", "all_splits",
     "PipelineConfig", "pipeline_kind", "weights_version",
+    "ScaleConfig", "ScaleController", "ScaleDecision", "ScaleObservation", "ScalePolicy", "ScheduledJoins",
+    "StaticPool", "make_scale_policy",
     "MiniBatch", "MicroStats", "StepPlan", "plan_step", "step_stats",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -61,9 +62,23 @@ def connect(cfg: ClusterConfig) -> None:
             why = str(error[0]).splitlines()[0] if error else f"no answer within {cfg.connect_timeout_s:g} s"
             raise PoiseError(f"cannot join Ray cluster at '{cfg.address}': {why}; check the address or drop "
                              "cluster.address to run a local Ray")
+        if not token_auth():
+            print(f"poise: warning: joined the Ray cluster at '{cfg.address}' without token authentication: anyone "
+                  "who reaches its ports can run code in this job; start it with RAY_AUTH_MODE=token "
+                  "(https://docs.ray.io/en/latest/ray-security/token-auth.html)", file=sys.stderr)
         return
-    start_local(num_cpus=max(cfg.devices, os.cpu_count() or 1),
-                num_gpus=(cfg.devices if cfg.device == "cuda" else 0))
+    devices = cfg.devices + cfg.reserve_devices
+    start_local(num_cpus=max(devices, os.cpu_count() or 1), num_gpus=(devices if cfg.device == "cuda" else 0))
+
+
+def token_auth() -> bool:
+    """Whether this process talks to Ray with token authentication: having joined a cluster
+    without it means that cluster accepts anyone."""
+    try:
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+    except ImportError:  # a Ray from before token authentication
+        return False
+    return get_authentication_mode() == AuthenticationMode.TOKEN
 
 
 def start_local(num_cpus: int, num_gpus: int = 0) -> None:
@@ -103,6 +118,51 @@ def device_pool(cfg: ClusterConfig) -> DevicePool:
         raise PoiseError(f"could not place {cfg.devices} devices within {cfg.connect_timeout_s:g} s (other jobs "
                          "hold the resources?); lower cluster.devices or free the cluster")
     return DevicePool(group, cfg.devices)
+
+
+def reserve_pool(cfg: ClusterConfig) -> DevicePool | None:
+    """The reserve (`cluster.reserve_devices`): a second placement group, bundle i is device
+    cluster.devices + i, from which devices join the job as rollout instances (runtime/scale.py)."""
+    if not cfg.reserve_devices:
+        return None
+    resource = "GPU" if cfg.device == "cuda" else "CPU"
+    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
+    group = placement_group([dict(bundle) for _ in range(cfg.reserve_devices)], strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise PoiseError(f"could not place cluster.reserve_devices={cfg.reserve_devices} more {resource}s within "
+                         f"{cfg.connect_timeout_s:g} s; lower cluster.reserve_devices or add nodes")
+    return DevicePool(group, cfg.reserve_devices)
+
+
+def rendezvous_key() -> str:
+    """A fresh key under which device 0 of a new torch.distributed world publishes its store's
+    address (runtime/worker.py join_rendezvous); every start of the actors gets its own."""
+    import uuid
+
+    return f"poise-rendezvous-{uuid.uuid4().hex}"
+
+
+def interface_of(address: str) -> str:
+    """The network interface that holds `address` (gloo's GLOO_SOCKET_IFNAME); loopback for a
+    local Ray."""
+    import fcntl
+    import ipaddress
+    import struct
+
+    if ipaddress.ip_address(address).is_loopback:
+        return "lo"
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+        if socket.inet_ntoa(raw[20:24]) == address:
+            return name
+    raise PoiseError(f"Ray reports this node's address as {address}, but no network interface holds it; "
+                     "set GLOO_SOCKET_IFNAME to the interface to use")
 
 
 def free_port() -> int:

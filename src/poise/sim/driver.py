@@ -37,13 +37,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from poise.policy.allocator import StepWorkload, allocate
+from poise.policy.allocator import DevicePlan, StepWorkload, allocate, plan_devices
 from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
 from poise.policy.plan import StepPlan, plan_step
 from poise.policy.rankers import Finished, Prompt
+from poise.policy.scale import ScaleDecision, ScaleObservation, first_step_served, make_scale_policy
 from poise.policy.split import Split, parse_splits
 from poise.runlog import RunLog
 from poise.schema import dump
@@ -62,8 +63,17 @@ class _NullLog:
         pass
 
 
-def make_cost(sc: ScenarioConfig) -> CostModel:
-    """The scenario's cost model; reads `cost.profile` JSON if one is named."""
+def make_cost(sc: ScenarioConfig, roles: tuple[str, str] | None = None) -> CostModel:
+    """The scenario's cost model; reads `cost.profile` JSON if one is named. With device types,
+    each role is priced on its type and weight sync on the link between their groups: `roles`
+    (rollout type, train type), default the scenario's (`ScenarioConfig.roles`; unplaced when
+    split: auto leaves them to the device planner)."""
+    cost = _written_cost(sc)
+    fleet, roles = sc.fleet(), roles or sc.roles()
+    return fleet.place(cost, *roles) if fleet is not None and roles is not None else cost
+
+
+def _written_cost(sc: ScenarioConfig) -> CostModel:
     if sc.cost.profile:
         import json
 
@@ -114,6 +124,9 @@ class Summary:
     resizes: list[dict[str, Any]] = field(default_factory=list)
     break_even_steps: float | None = None  # predicted by the controller, first resize
     break_even_steps_measured: float | None = None
+    joins: list[dict[str, Any]] = field(default_factory=list)  # elastic scale-out (scale:)
+    device_s: float = 0.0  # device-seconds held: the pool for the whole run, a joined device from its join
+    tokens_per_device_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -132,6 +145,8 @@ class Simulation:
         first = self.workload.step(0)
         self.prompt_len = _mean_prompt_len(first)
         self.split = sc.initial_split()
+        self.roles = sc.roles()  # (rollout type, train type) with device types
+        self.device_plan: DevicePlan | None = None  # the device planner's answer (split: auto with types)
         self.batch_cap = c.batch_cap
         # micro-batches per step, as the allocator and the controller price them
         self.micro_batches = micro_batches = len(self.plan(first, 1).minis[0].micro)
@@ -140,13 +155,26 @@ class Simulation:
             # a dry run of the initial policy).
             works = [StepWorkload(tuple(s.output_length for s in self.workload.step(k)), self.prompt_len)
                      for k in range(min(4, sc.steps))]
-            alloc = allocate(self.cost, works, c.devices, sc.kind, self.tp, c.batch_caps or (c.batch_cap,),
-                             parse_splits(sc.resize.allowed_splits) or None, micro_batches)
-            self.split, self.batch_cap = alloc.split, alloc.batch_cap
+            fleet = sc.fleet()
+            if fleet is not None:  # device types: the planner picks each role's type and count
+                dplan = plan_devices(self.cost, fleet, works, sc.kind, c.budget_per_hour, self.tp,
+                                     c.batch_caps or (c.batch_cap,), micro_batches)
+                self.device_plan = dplan
+                self.split, self.batch_cap = dplan.best.split, dplan.best.batch_cap
+                self.roles = (dplan.best.rollout_type, dplan.best.train_type)
+                self.cost = make_cost(sc, self.roles)
+                self.sync_s = self.cost.sync_s()
+            else:
+                alloc = allocate(self.cost, works, c.devices, sc.kind, self.tp, c.batch_caps or (c.batch_cap,),
+                                 parse_splits(sc.resize.allowed_splits) or None, micro_batches)
+                self.split, self.batch_cap = alloc.split, alloc.batch_cap
         self._oracle: dict[str, float] = {}
         self.ranker, self.dispatcher = build_dispatch(sc.dispatch, sc.seed, self.cost, self.prompt_len,
                                                       sc.workload.samples_per_prompt,
                                                       oracle=lambda p: self._oracle[p.prompt_id])
+        self.scaler = make_scale_policy(sc.scale, c.reserve_devices // self.tp)
+        self.joined: list[tuple[int, float]] = []  # per joined instance: (first step it serves, ready at)
+        self.joins: list[dict[str, Any]] = []
         self.controller: ResizePolicy = make_resize_policy(sc.resize, sc.controller, self.cost, sc.kind, c.devices,
                                                            self.tp, self.batch_cap, micro_batches)
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -163,6 +191,14 @@ class Simulation:
         sc = self.sc
         if self.run_dir:
             dump(sc, self.run_dir / "config.yaml")
+        if self.device_plan is not None:  # what the device planner chose, and why
+            d = self.device_plan.best
+            self.log.event("decision", 0.0, what="devices", to=str(d), rollout_type=d.rollout_type,
+                           train_type=d.train_type, split=d.split.as_list(), batch_cap=d.batch_cap,
+                           price_per_hour=d.price_per_hour, predicted_step_s=d.predicted.step_s,
+                           predicted_tokens_per_dollar=d.tokens_per_dollar,
+                           reason=f"most generated tokens per dollar within 3% of the most throughput "
+                                  f"${self.device_plan.budget_per_hour:g}/h buys")
         initial = self.split
         train_end: list[float] = []
         gen_free = 0.0  # rollout instances free (previous generation or a resize done)
@@ -208,6 +244,7 @@ class Simulation:
             self._account(rec)
             self._log_step(rec, samples, finish, instance_of, version)
             decision = self.maybe_resize(rec, samples)
+            self.maybe_scale(rec)
             if decision is not None and decision.action == "resize":
                 pending = decision
         summary = self.summary(initial)
@@ -246,7 +283,7 @@ class Simulation:
         for s in samples:
             by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
         self._oracle = {pid: sum(v) / len(v) for pid, v in by_prompt.items()}
-        n_inst = self.split.rollout // self.tp
+        n_inst = self.instances(k)
         prompts, members = self.groups(samples, range(len(samples)))
         plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.batch_cap) for i in range(n_inst)])
         queues: dict[int, list[int]] = {i: [] for i in range(n_inst)}
@@ -257,15 +294,16 @@ class Simulation:
         admitted = [0.0] * len(samples)
         for inst, reqs in queues.items():
             adm = [0.0] * len(reqs)
+            begin = max(start, self._ready(inst))  # a joined instance: once its weights arrived
             times = instance_finish_times(self.cost, [samples[r].output_length for r in reqs],
                                           [samples[r].prompt_len for r in reqs], plan.batch_caps[inst],
-                                          start, adm)
+                                          begin, adm)
             for r, t, a in zip(reqs, times, adm):
                 finish[r], instance_of[r], admitted[r] = t, inst, a
             if reqs:
-                end = max(times) if abort_at is None else min(max(times), max(abort_at, start))
-                self._busy["rollout"] += (end - start) * self.tp
-                self._interval_instance(inst, "rollout", "generate", k, start, end)
+                end = max(times) if abort_at is None else min(max(times), max(abort_at, begin))
+                self._busy["rollout"] += (end - begin) * self.tp
+                self._interval_instance(inst, "rollout", "generate", k, begin, end)
         if plan.tail_instances or self.sc.dispatch.policy == "skew_aware":
             self.log.event("decision", start, what="dispatch", step=k, reason=plan.reason,
                            tail_instances=list(plan.tail_instances))
@@ -283,7 +321,7 @@ class Simulation:
                 a = admitted[i]
                 done = 0 if a >= abort_at else int(s.output_length * (abort_at - a) / (finish[i] - a))
                 partial[i] = min(max(done, 0), s.output_length - 1)
-        n_inst = self.split.rollout // self.tp
+        n_inst = self.instances(k)
         prompts, members = self.groups(samples, list(partial))
         plan = self.dispatcher.plan(prompts, [InstanceInfo(j, self.batch_cap) for j in range(n_inst)])
         queues: dict[int, list[int]] = {j: [] for j in range(n_inst)}
@@ -360,6 +398,41 @@ class Simulation:
             self.log.event("decision", rec.train_end, **decision.event_fields())
         return decision
 
+    # --- elastic scale-out (policy/scale.py) ----------------------------------------------------
+    def instances(self, k: int) -> int:
+        """Rollout instances that generate step k: the split's, and the joined ones serving by then."""
+        return self.split.rollout // self.tp + sum(1 for first, _ in self.joined if first <= k)
+
+    def _ready(self, inst: int) -> float:
+        """When instance `inst` can start generating (0 for the pool's own)."""
+        j = inst - self.split.rollout // self.tp
+        return self.joined[j][1] if j >= 0 else 0.0
+
+    def maybe_scale(self, rec: StepRecord) -> ScaleDecision | None:
+        """The scale policy observes the step; a join takes a reserve device, which receives the
+        weights (one broadcast: `sync_s`) and serves from the first step the runtime would not have
+        dispatched yet (`first_step_served`)."""
+        if not self.sc.scale.active:
+            return None
+        held = self.split.rollout // self.tp + len(self.joined)
+        decision = self.scaler.observe(ScaleObservation(rec.step, rec.rollout_s, rec.train_s, held), rec.train_end)
+        self.log.event("decision", rec.train_end, **decision.event_fields())
+        if decision.action != "add":
+            return decision
+        first = first_step_served(rec.step, self.sc.kind)
+        for _ in range(decision.add):
+            if len(self.joined) >= self.sc.cluster.reserve_devices // self.tp:
+                break  # the reserve is spent (the controller's cap; a schedule is checked at load)
+            ready = rec.train_end + self.sync_s
+            devices = [self.sc.cluster.devices + len(self.joined) * self.tp + i for i in range(self.tp)]
+            self.joined.append((first, ready))
+            join = {"step": rec.step, "at_s": rec.train_end, "ready_s": ready, "first_step": first,
+                    "devices": devices, "instances": self.split.rollout // self.tp + len(self.joined),
+                    "reason": decision.reason}
+            self.joins.append(join)
+            self.log.event("join", rec.train_end, **join)
+        return decision
+
     def _resize(self, decision: Decision, start: float, step: int) -> tuple[float, float]:
         """Apply a resize from `start`; returns (critical path end, background restore end)."""
         old, new = self.split, decision.to_split
@@ -385,6 +458,7 @@ class Simulation:
                              "mode": price.mode, "critical_path_s": price.critical_path_s,
                              "reason": decision.reason, "break_even_steps": decision.break_even_steps,
                              "decided_after_step": decision.step})
+        self.controller.resized(price.critical_path_s)
         self.split = new
         return t, bg_end
 
@@ -397,11 +471,13 @@ class Simulation:
 
     def _interval_instance(self, inst: int, role: str, phase: str, step: int, start: float, end: float) -> None:
         mode = self.sc.log.intervals
+        base = self.split.rollout // self.tp  # a joined instance's devices follow the pool's
+        first = inst * self.tp if inst < base else self.sc.cluster.devices + (inst - base) * self.tp
         if mode == "device":
-            for d in range(inst * self.tp, (inst + 1) * self.tp):
+            for d in range(first, first + self.tp):
                 self._interval(d, role, phase, step, start, end)
         elif mode == "instance":
-            self._interval(inst * self.tp, role, phase, step, start, end, devices=self.tp)
+            self._interval(first, role, phase, step, start, end, devices=self.tp)
 
     def _interval_train(self, step: int, phase: str, start: float, end: float, per_device: bool = True) -> None:
         """An interval of the whole train group: on every train device, or (intervals: instance)
@@ -421,6 +497,9 @@ class Simulation:
 
     def _account(self, rec: StepRecord) -> None:
         self._role_time["rollout"] += rec.split.rollout * rec.step_s
+        start = rec.train_end - rec.step_s  # joined devices are held from their join on
+        self._role_time["rollout"] += self.tp * sum(max(0.0, rec.train_end - max(start, j["at_s"]))
+                                                    for j in self.joins)
         self._role_time["train"] += rec.split.train * rec.step_s
 
     def _log_step(self, rec: StepRecord, samples: list[SimSample], finish: list[float],
@@ -458,6 +537,9 @@ class Simulation:
                     statistics.fmean(steps), statistics.median(steps),
                     statistics.fmean(r.rollout_s for r in recs), statistics.fmean(r.train_s for r in recs),
                     idle, initial.as_list(), self.split.as_list(), list(self.resizes))
+        s.joins = list(self.joins)
+        s.device_s = self.sc.cluster.devices * total + sum(self.tp * (total - j["at_s"]) for j in self.joins)
+        s.tokens_per_device_s = tokens / s.device_s
         if self.resizes:
             first = self.resizes[0]
             s.break_even_steps = first["break_even_steps"]

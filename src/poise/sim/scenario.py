@@ -15,9 +15,11 @@ from typing import Any, Literal
 from poise.errors import PoiseError
 from poise.policy.controller import ControllerConfig, ResizeConfig
 from poise.policy.cost import CostConfig
+from poise.policy.devices import DeviceType, Fleet, Link
 from poise.policy.dispatch import DispatchConfig
 from poise.policy.pipeline import PipelineConfig
 from poise.policy.plan import MICRO_BATCH_SIZE_HELP
+from poise.policy.scale import ScaleConfig
 from poise.policy.split import Split, parse_splits
 from poise.schema import apply_overrides, build, check, help_factory, help_field, read_yaml
 from poise.sim.workload import WorkloadConfig
@@ -34,6 +36,19 @@ class SimClusterConfig:
     batch_cap: int = help_field(64, "live-batch cap of a rollout instance (KV-cache slots)")
     batch_caps: tuple[int, ...] = help_field((), "caps the allocator may choose from; empty = batch_cap only")
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
+    reserve_devices: int = help_field(0, "devices outside the pool that may join as rollout instances "
+                                         "(scale:), devices_per_instance at a time")
+    device_types: tuple[DeviceType, ...] = help_field(
+        (), "device types available, each a preset or its own spec and price (policy/devices.py); empty: "
+        "`devices` identical devices priced by `cost:` as written. With types, `devices` is unused: split: auto "
+        "plans the type and count of each role within budget_per_hour")
+    links: tuple[Link, ...] = help_field((), "links between the device groups (datacenters) of device_types")
+    budget_per_hour: float | None = help_field(None, "USD per hour the device planner may spend (split: auto); "
+                                               "default: every listed device")
+    rollout_type: str | None = help_field(None, "device type of the rollout role for an explicit split; "
+                                          "default: the only type")
+    train_type: str | None = help_field(None, "device type of the train role for an explicit split; "
+                                        "default: the only type")
 
     def __post_init__(self) -> None:
         check(self.devices >= 2, "cluster.devices", self.devices, "need at least 2 devices (one per role)")
@@ -41,6 +56,18 @@ class SimClusterConfig:
         check(self.batch_cap >= 1, "cluster.batch_cap", self.batch_cap, "must be >= 1 slot")
         check(all(c >= 1 for c in self.batch_caps), "cluster.batch_caps", list(self.batch_caps), "caps must be >= 1")
         check(self.micro_batch_size >= 1, "cluster.micro_batch_size", self.micro_batch_size, "must be >= 1")
+        check(self.reserve_devices >= 0, "cluster.reserve_devices", self.reserve_devices, "must be >= 0")
+        if not self.device_types:
+            for key in ("links", "budget_per_hour", "rollout_type", "train_type"):
+                check(not getattr(self, key), key, getattr(self, key), "needs cluster.device_types: list them first")
+            return
+        fleet = Fleet(self.device_types, self.links)  # names unique, links between known groups
+        for key in ("rollout_type", "train_type"):
+            name = getattr(self, key)
+            check(name is None or name in fleet.types, key, name,
+                  f"unknown device type: choose one of cluster.device_types ({', '.join(fleet.types)})")
+        check(self.budget_per_hour is None or self.budget_per_hour > 0, "budget_per_hour", self.budget_per_hour,
+              "must be > 0 USD per hour")
 
 
 @dataclass(frozen=True)
@@ -65,6 +92,7 @@ class ScenarioConfig:
     controller: ControllerConfig = help_factory(ControllerConfig, "resize controller hysteresis")
     resize: ResizeConfig = help_factory(ResizeConfig, "static or dynamic split, live or hard resize")
     dispatch: DispatchConfig = help_factory(DispatchConfig, "dispatch policy and length ranker (as in `poise train`)")
+    scale: ScaleConfig = help_factory(ScaleConfig, "elastic scale-out: reserve devices join as rollout instances")
     log: LogConfig = help_factory(LogConfig, "what goes into events.jsonl")
 
     def __post_init__(self) -> None:
@@ -72,16 +100,42 @@ class ScenarioConfig:
         check(self.pipeline.mode != "colocated", "pipeline.mode", self.pipeline.mode,
               "the simulator models disaggregated jobs: use sync (pipeline.streaming for dynamic-batch "
               "pipelining) or async")
-        if self.split != "auto":
+        fleet = self.fleet()
+        if fleet is not None:
+            check(self.resize.policy == "static" and not self.resize.schedule and not self.scale.active,
+                  "resize.policy", self.resize.policy, "with cluster.device_types each role keeps its device "
+                  "type: use static, without resize.schedule or scale")
+        if self.split != "auto" and fleet is not None:
+            s, roles = Split.parse(self.split), self.roles()
+            check(roles is not None, "cluster.rollout_type", self.cluster.rollout_type,
+                  f"an explicit split needs each role's type: set cluster.rollout_type and cluster.train_type "
+                  f"(of {', '.join(fleet.types)})")
+            assert roles is not None
+            check(fleet.fits(roles[0], s.rollout, roles[1], s.train), "split", self.split,
+                  f"needs more devices than cluster.device_types lists ({roles[0]} rollout, {roles[1]} train)")
+        elif self.split != "auto":
             s = Split.parse(self.split)
             check(s.devices == self.cluster.devices, "split", self.split,
                   f"must use all {self.cluster.devices} devices (cluster.devices)")
+        if self.split != "auto":
             check(s.rollout % self.cluster.devices_per_instance == 0, "split", self.split,
                   f"rollout devices must be a multiple of cluster.devices_per_instance="
                   f"{self.cluster.devices_per_instance}")
         for s in parse_splits(self.resize.allowed_splits, "resize.allowed_splits"):
             check(s.devices == self.cluster.devices, "resize.allowed_splits", s.as_list(),
                   f"every split must use all {self.cluster.devices} devices")
+        if self.scale.active:
+            what = "scale.schedule" if self.scale.schedule else "scale.policy"
+            reserve = self.cluster.reserve_devices // self.cluster.devices_per_instance
+            check(reserve >= 1, "cluster.reserve_devices", self.cluster.reserve_devices,
+                  f"{what} needs reserve devices to join: give at least cluster.devices_per_instance="
+                  f"{self.cluster.devices_per_instance}")
+            check(self.scale.most_added(reserve) <= reserve, "scale.schedule", list(self.scale.schedule),
+                  f"adds more instances than cluster.reserve_devices holds ({reserve}); add reserve devices")
+            check(not self.resize.schedule and self.resize.policy == "static", what,
+                  list(self.scale.schedule) or self.scale.policy,
+                  "scale-out and resizing (resize.schedule or resize.policy=controller) exclude each other "
+                  "for now; drop one")
 
     @property
     def kind(self) -> str:
@@ -90,6 +144,21 @@ class ScenarioConfig:
 
     def initial_split(self) -> Split | None:
         return None if self.split == "auto" else Split.parse(self.split)
+
+    def fleet(self) -> Fleet | None:
+        """The device types, groups and links (None: identical devices, `cost:` as written)."""
+        c = self.cluster
+        return Fleet(c.device_types, c.links, self.cost.device) if c.device_types else None
+
+    def roles(self) -> tuple[str, str] | None:
+        """(rollout type, train type) as configured; None without device types, or when several
+        types are listed and a role's type is not given (split: auto plans it)."""
+        c = self.cluster
+        if not c.device_types:
+            return None
+        only = c.device_types[0].name if len(c.device_types) == 1 else None
+        rollout, train = c.rollout_type or only, c.train_type or only
+        return (rollout, train) if rollout and train else None
 
 
 def builtin_scenarios() -> list[str]:
