@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Callable, Literal, Mapping, Protocol, Sequence
 
 from poise.errors import ConfigError
 from poise.policy.cost import CostModel, instance_finish_times
@@ -50,9 +50,11 @@ class DispatchConfig:
 
     policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
         "skew_aware", "which rollout instance gets which prompt group (StreamRL §5.3 by default)")
-    ranker: Literal["history", "learned", "random", "oracle"] = help_field(
-        "history", "output-length ranker for skew_aware and least_loaded; oracle knows the true lengths, so "
-                   "only the simulator and cluster.compute=emulated have it")
+    ranker: Literal["history", "learned", "lm", "random", "oracle"] = help_field(
+        "history", "output-length ranker for skew_aware and least_loaded; history is best on prompts seen in "
+                   "earlier epochs, lm (a small transformer, torch: cluster.compute=real only) on unseen ones "
+                   "(benchmarks/rankers.py); oracle knows the true lengths, so only the simulator and "
+                   "cluster.compute=emulated have it")
     long_tail_fraction: float = help_field(0.2, "predicted-longest share of the prompts sent to long-tail instances")
     tail_batch_cap: int = help_field(8, "live-batch cap of the long-tail instances")
     tail_instances: int | None = help_field(None, "long-tail instances; null = chosen per step by predicted makespan")
@@ -259,12 +261,16 @@ def make_dispatcher(policy: str, rng: random.Random, ranker: LengthRanker | None
 
 
 def build_dispatch(cfg: DispatchConfig, seed: int, cost: CostModel, prompt_len: int, group_size: int = 1,
-                   oracle: Callable[[Prompt], float] | None = None) -> tuple[LengthRanker, Dispatcher]:
+                   oracle: Callable[[Prompt], float] | None = None,
+                   rankers: Mapping[str, Callable[[random.Random], LengthRanker]] | None = None,
+                   ) -> tuple[LengthRanker, Dispatcher]:
     """The ranker and the dispatcher of `cfg`: the one construction the runtime, the emulation
     and the simulator share. `cost` prices the skew-aware tail group, `prompt_len` stands in for a
     prompt whose `tokens` is 0, `group_size` is the requests each prompt brings, `oracle` gives
-    true lengths (only where they are known in advance). Each draws from its own sub-seed of `seed`."""
-    ranker = make_ranker(cfg.ranker, random.Random(stable_seed("ranker", seed)), oracle)
+    true lengths (only where they are known in advance), `rankers` adds rankers that need torch
+    (`poise.model.length_ranker.torch_rankers()`: only a real-compute job passes it). Each draws
+    from its own sub-seed of `seed`."""
+    ranker = make_ranker(cfg.ranker, random.Random(stable_seed("ranker", seed)), oracle, rankers)
     dispatcher = make_dispatcher(cfg.policy, random.Random(stable_seed("dispatch", seed)), ranker, cost, prompt_len,
                                  cfg.long_tail_fraction, cfg.tail_batch_cap, cfg.tail_instances, group_size)
     return ranker, dispatcher

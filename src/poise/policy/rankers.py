@@ -12,7 +12,11 @@ Four rankers: `OracleRanker` (true lengths: the upper bound), `RandomRanker` (th
 `HistoryRanker` (a prompt's mean length in earlier epochs — RhymeRL's observation that a prompt's
 length repeats across epochs) and `LearnedRanker` (online ridge regression from prompt features
 to log length, trained on finished samples). Departure from the paper: StreamRL fine-tunes a
-small LLM as the ranker offline; ours are cheap online models with no weights to ship.
+small LLM as the ranker offline; ours are cheap online models with no weights to ship. The fifth,
+`lm` (a small transformer trained online, StreamRL's kind of ranker), needs torch, so it lives in
+`poise.model.length_ranker` and reaches `make_ranker` only as an injected factory (`factories`,
+which the torch side of the runtime passes); a torch-free process that asks for it gets a one-line
+error. Held-out recall of every ranker: benchmarks/rankers.py.
 `recall_at` is the paper's metric: the share of the true longest 20% that the ranker puts in
 its predicted longest 20%. Pure Python; randomness only from a `random.Random` passed in.
 """
@@ -245,11 +249,23 @@ def recall_at(scores: Sequence[float], true_lengths: Sequence[float], fraction: 
     return sum(1 for i in predicted if true_lengths[i] >= cutoff) / k
 
 
+RANKER_NAMES = ("oracle", "random", "history", "learned", "lm")
+
+
 def make_ranker(name: str, rng: random.Random,
-                true_length: Callable[[Prompt], float] | None = None) -> LengthRanker:
-    """A ranker by config name: oracle (needs `true_length`), random, history, learned."""
+                true_length: Callable[[Prompt], float] | None = None,
+                factories: Mapping[str, Callable[[random.Random], LengthRanker]] | None = None) -> LengthRanker:
+    """A ranker by config name: oracle (needs `true_length`), random, history, learned, or one of
+    `factories` (name -> factory taking `rng`: how the torch layer injects `lm` without policy/
+    importing torch)."""
     from poise.errors import ConfigError
 
+    if factories and name in factories:
+        return factories[name](rng)
+    if name == "lm":
+        raise ConfigError("dispatch.ranker", name, "the language-model ranker needs torch and runs only in "
+                          "`poise train` with cluster.compute=real; the simulator and emulated compute "
+                          "use 'learned' or 'history'")
     if name == "oracle":
         if true_length is None:
             raise ConfigError("dispatch.ranker", name, "the oracle ranker needs true lengths "
@@ -261,4 +277,4 @@ def make_ranker(name: str, rng: random.Random,
         return HistoryRanker()
     if name == "learned":
         return LearnedRanker()
-    raise ConfigError("dispatch.ranker", name, "allowed: 'oracle', 'random', 'history', 'learned'")
+    raise ConfigError("dispatch.ranker", name, "allowed: " + ", ".join(repr(n) for n in RANKER_NAMES))
