@@ -28,7 +28,7 @@ from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.sim import load_scenario
-from poise.sim.driver import Simulation
+from poise.sim.driver import Simulation, measured_break_even
 
 TINY = ["run.progress=false", "run.checkpoint_every=0", "run.overwrite=true", "algorithm.prompts_per_step=4",
         "algorithm.group_size=4", "algorithm.micro_batch_size=3", "algorithm.sampling.max_new_tokens=12",
@@ -95,15 +95,20 @@ def emulated(args) -> dict:
                         for e in ev if e["kind"] == "resize"],
             "decisions": [{k: e[k] for k in ("step", "reason", "break_even_steps")}
                           for e in ev if e["kind"] == "decision" and e["action"] == "resize"]}
+        first = out[f"emulated_{name}"]["resizes"][:1]
+        if first:  # measured as the simulator measures it: cost / (median step before - after)
+            out[f"emulated_{name}"]["break_even_steps_measured"] = measured_break_even(
+                [(end - start) for start, end, _ in steps], first[0]["step"], first[0]["critical_path_model_s"])
         if mode == "hard":
             continue
         sc = load_scenario("dynaresize-8xh20", [f"steps={args.emulated_steps}", f"resize.policy={policy}",
                                                 "log.samples=false", "log.intervals=none"])
         sim = Simulation(sc)
-        sim.run()
+        summary = sim.run()
         sim_steps = [(r.train_end - r.step_s, r.train_end, r.tokens) for r in sim.records]
         out[f"sim_{policy}"] = {"tokens_per_s_after_shift": tokens_per_s(sim_steps, args.shift),
-                                "resizes": sim.resizes}
+                                "resizes": sim.resizes,
+                                "break_even_steps_measured": summary.break_even_steps_measured}
     for name in ("emulated", "sim"):
         out[f"{name}_gain"] = out[f"{name}_controller"]["tokens_per_s_after_shift"] / \
             out[f"{name}_static"]["tokens_per_s_after_shift"] - 1
@@ -154,6 +159,13 @@ def main() -> int:
             print(f"  live / hard critical path: {e['emulated_live_vs_hard']:.3f}")
         for d in e["emulated_controller"]["decisions"]:
             print(f"  controller at step {d['step']}: {d['reason']}")
+        for name in ("emulated_controller", "emulated_controller_hard", "sim_controller"):
+            r = e[name]
+            predicted = r["decisions"][0]["break_even_steps"] if r.get("decisions") else \
+                (r["resizes"][0].get("break_even_steps") if r["resizes"] else None)
+            measured = r.get("break_even_steps_measured")
+            fmt = lambda v: "n/a" if v is None else f"{v:.2f}"
+            print(f"  break-even {name}: predicted {fmt(predicted)} steps, measured {fmt(measured)} steps")
     write_results("runtime_resize", results)
     return 0
 

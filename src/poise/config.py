@@ -21,6 +21,7 @@ from poise.policy.controller import ControllerConfig, ResizeConfig
 from poise.policy.dispatch import DispatchConfig
 from poise.policy.pipeline import PipelineConfig
 from poise.policy.plan import MICRO_BATCH_SIZE_HELP
+from poise.policy.scale import ScaleConfig
 from poise.policy.split import parse_splits
 from poise.rewards.builtin import BUILTINS as REWARD_BUILTINS
 from poise.schema import check, help_factory, help_field, load
@@ -180,11 +181,12 @@ class EngineConfig:
     num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
     max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
     batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
-                                              "co-batched requests (fixed decode shapes; slower)")
-    invariant_tile: int = help_field(16, "rows per fixed-shape decode tile in batch_invariant mode; engines "
-                                         "must share it (and max_context) to agree bit for bit. One forward "
-                                         "per tile with a live slot: set it to num_slots when every engine "
-                                         "has the same slots (fewest forwards)")
+                                              "co-batched requests (fixed reduction orders: on CPU about the "
+                                              "fast mode's cost; fixed-shape tiles on CUDA, slower)")
+    invariant_tile: int = help_field(16, "rows per fixed-shape decode tile, used by batch_invariant where the "
+                                         "matmul has no row quantum (CUDA); engines must share it (and "
+                                         "max_context) to agree bit for bit. One forward per tile with a live "
+                                         "slot: set it to num_slots when every engine has the same slots")
     max_prefill_tokens: int = help_field(2048, "prompt tokens admitted per step at most (bounds a step's work)")
     stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
                                                    "(needs a tokenizer); the completing token is kept")
@@ -217,6 +219,15 @@ class ClusterConfig:
     profile: str | None = help_field(None, "a `poise profile` JSON of this machine: the resize controller's "
                                      "cost model on real compute (default: the built-in model, calibrated "
                                      "to the measured step phases)")
+    reserve_devices: int = help_field(0, "devices placed at start in a second placement group, idle, that may "
+                                         "join the job as rollout instances (scale:)")
+    step_timeout_s: float = help_field(600.0, "deadline of every wait on a device, restarted by each result that "
+                                              "arrives (a generation with no finished sample or engine step, a "
+                                              "micro-batch, an update, a weight sync, a checkpoint) and of gloo "
+                                              "collectives; a device silent that long stops the run with one line")
+    max_recoveries: int = help_field(3, "worker deaths a run survives (each: the dead actor replaced, the state "
+                                        "restored from a surviving train device, the step run again); 0: stop "
+                                        "at the first")
 
     def __post_init__(self) -> None:
         check(self.devices >= 2, "devices", self.devices,
@@ -229,6 +240,9 @@ class ClusterConfig:
             check(sum(self.split) == self.devices, "split", list(self.split),
                   f"must add up to cluster.devices ({self.devices})")
         check(self.connect_timeout_s > 0, "connect_timeout_s", self.connect_timeout_s, "must be > 0")
+        check(self.reserve_devices >= 0, "reserve_devices", self.reserve_devices, "must be >= 0")
+        check(self.step_timeout_s > 0, "step_timeout_s", self.step_timeout_s, "must be > 0 seconds, e.g. 600")
+        check(self.max_recoveries >= 0, "max_recoveries", self.max_recoveries, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -331,6 +345,8 @@ class TrainConfig:
                                         "resize controller")
     controller: ControllerConfig = help_factory(ControllerConfig, "resize controller hysteresis "
                                                 "(resize.policy: controller)")
+    scale: ScaleConfig = help_factory(ScaleConfig, "elastic scale-out: reserve devices (cluster.reserve_devices) "
+                                      "join as rollout instances, by a schedule or the scale controller")
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
 
@@ -343,6 +359,7 @@ class TrainConfig:
               "needs the true output lengths, which only the simulator and cluster.compute=emulated have; "
               "use history or learned")
         self._check_resize()
+        self._check_scale()
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
@@ -367,6 +384,26 @@ class TrainConfig:
         for i, split in enumerate(parse_splits(r.allowed_splits, "resize.allowed_splits")):
             check(split.rollout + split.train == devices, f"resize.allowed_splits[{i}]", split.as_list(),
                   f"must add up to cluster.devices={devices}")
+
+
+    def _check_scale(self) -> None:
+        """Joins need reserve devices, a disaggregated pipeline and a fixed split (runtime/scale.py)."""
+        sc = self.scale
+        if not sc.active:
+            return
+        what = "scale.schedule" if sc.schedule else "scale.policy"
+        check(self.pipeline.mode != "colocated", what, list(sc.schedule) or sc.policy,
+              "pipeline.mode=colocated has no rollout instances to add; use sync or async, or drop it")
+        reserve = self.cluster.reserve_devices
+        check(reserve >= 1, "cluster.reserve_devices", reserve, f"{what} needs reserve devices to join; set it >= 1")
+        check(sc.most_added(reserve) <= reserve, "scale.schedule", list(sc.schedule),
+              f"adds more devices than cluster.reserve_devices={reserve}; add reserve devices or join fewer")
+        for after in sc.scheduled():
+            check(after < self.run.steps - 1, "scale.schedule.after_step", after,
+                  f"a join after step {after} serves no step of run.steps={self.run.steps}; schedule an earlier step")
+        check(not self.resize.schedule and self.resize.policy == "static", what, list(sc.schedule) or sc.policy,
+              "scale-out and resizing (resize.schedule or resize.policy=controller) exclude each other for now; "
+              "drop one")
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

@@ -85,3 +85,33 @@ def test_dwell_time_holds():
 def test_bad_controller_values(field, value, needle):
     with pytest.raises(ConfigError, match=needle):
         ControllerConfig(**{field: value})
+
+
+def test_measured_sync_replaces_the_models():
+    """The model's weight sync (the default 16 GB at 25 GB/s) dwarfs a CPU step; where the driver
+    measured the sync, the predictions carry the measured one."""
+    cost = CostModel(CostConfig(decode_base_s=0.01, decode_per_seq_s=0.0, decode_per_kv_token_s=0.0,
+                                prefill_per_token_s=0.0, train_per_token_s=0.01 / 8, train_fixed_s=0.0,
+                                train_allreduce_s=0.0))
+    ctl = ResizeController(ControllerConfig(window=1), cost, "sync", "live", ALLOWED, batch_cap=8)
+    base = StepObservation(0, 10.0, Split(4, 4), 8.0, 8.0, 16.7, LENGTHS, 0)
+    model_sync = cost.sync_s()
+    assert model_sync > 0.5
+    unmeasured = ctl.predictions(base)
+    measured = ctl.predictions(StepObservation(0, 10.0, Split(4, 4), 8.0, 8.0, 16.01, LENGTHS, 0, sync_s=0.01))
+    for split in ALLOWED:
+        assert unmeasured[split] - measured[split] == pytest.approx(model_sync - 0.01)
+
+
+def test_break_even_prices_the_next_resize_at_the_measured_one():
+    """The model prices a live resize at 50 s here; once a resize measured 0.5 s, the same signal
+    pays (and the reason quotes the measured price)."""
+    cfg = ControllerConfig(consecutive=1, cooldown_steps=0, break_even=True, window=1,
+                           persistence_prior_steps=5)
+    ctl = ResizeController(cfg, COST, "async", "live", ALLOWED, batch_cap=8)
+    held = ctl.observe(obs(0, Split(4, 4), 4.0, 12.0))  # 4 s/step x 5 steps < 50 s
+    assert held.action == "hold" and held.reason.startswith("break-even") and held.predicted_cost_s == 50.0
+    ctl.resized(0.5)
+    d = ctl.observe(obs(1, Split(4, 4), 4.0, 12.0))
+    assert d.action == "resize" and d.predicted_cost_s == 0.5 and "resize 0.5s pays back" in d.reason
+    assert set(d.event_fields()["predicted_step_s"]) == {"2:6", "4:4", "6:2"}

@@ -98,3 +98,26 @@ def test_continuous_batch_steps_one_finish_at_a_time_by_hand():
     # two steps at batch 2: contexts 16 then 18; a and c finish together, in admission order
     assert batch.advance() == (pytest.approx(2 * 0.012 + 1e-3 * (16 + 18)), ["a", "c"])
     assert batch.advance() == (0.0, []) and batch.live == 0
+
+
+def test_profile_train_table_holds_the_optimizer_step_and_resizes_are_measured():
+    """A `poise profile` train table times whole updates (the optimizer step is its intercept), so
+    no GPU-priced fixed part is added; measured resize phases replace the paper's."""
+    base = {"format": "poise-profile/1", "decode": [{"batch": 1, "context": 64, "seconds_per_step": 0.01}],
+            "prefill": [{"tokens": 10, "seconds": 0.1}]}
+    without = CostModel.from_profile(base)
+    assert without.train_fixed_s(1) == CostConfig().train_fixed_s  # no train table: the config's
+    assert without.resize("live").critical_path_s == pytest.approx(187.2)
+    measured = {**base, "train": [{"tokens": 100, "seconds": 1.0}, {"tokens": 200, "seconds": 1.5}],
+                "train_allreduce_s": 0.02,
+                "resize": {"live": {"phases": {"abort": 0.01, "group_switch": 0.002},
+                                    "background": {"optimizer_staging": 0.03}, "n": 3},
+                           "hard": {"phases": {"start": 14.0, "reload": 0.5}, "n": 2}}}
+    c = CostModel.from_profile(measured)
+    assert c.train_fixed_s(1) == 0.0 and c.train_fixed_s(2) == pytest.approx(0.02)
+    assert c.train_s(200, 1) == pytest.approx(1.5)
+    assert c.resize("live").critical_path_s == pytest.approx(0.012)
+    assert c.resize("live").background_s == pytest.approx(0.03)
+    assert c.resize("hard").critical_path_s == pytest.approx(14.5)
+    with pytest.raises(PoiseError, match="missing or has a bad field"):
+        CostModel.from_profile({**base, "resize": {"live": {"abort": 0.01}}})

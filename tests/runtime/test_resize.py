@@ -118,3 +118,38 @@ def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):
     rows = {e["device"] for e in hard.events if e["kind"] == "interval" and e["role"] == "resize"}
     assert rows == {0, 1, 2, 3}
     assert not (hard.run_dir / "resize-hard").exists()  # the resize's own checkpoint is gone
+
+
+def test_controller_on_real_compute_resizes_by_itself_and_changes_nothing(ray_session, runs, warm_start, tmp_path):
+    """`resize.policy: controller` with a `cluster.profile`: the controller reads the measured
+    step phases every step, prices the resize at the profile's measured live resize (then at the
+    job's own), moves devices by itself, and the run still ends where the static 2+2 run does.
+    The profile's train table is flat (a fixed-cost update), so the calibrated model says a
+    train device is worth nothing: 3+1 is predicted faster (fewer prefills on the busiest
+    instance) whatever the machine's timing, and with threshold 0 the decision does not depend on
+    noise."""
+    import json
+
+    profile = {"format": "poise-profile/1",
+               "decode": [{"batch": 1, "context": 16, "seconds_per_step": 0.001},
+                          {"batch": 8, "context": 16, "seconds_per_step": 0.002}],
+               "prefill": [{"tokens": 8, "seconds": 0.001}, {"tokens": 32, "seconds": 0.002}],
+               "train": [{"tokens": 1, "seconds": 0.1}, {"tokens": 100000, "seconds": 0.1001}],
+               "resize": {"live": {"phases": {"abort": 0.0123, "group_switch": 0.001}, "n": 1}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    static = runs.get("sync-static", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]")
+    ctl = runs.get("sync-controller", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]",
+                   "resize.policy=controller", f"cluster.profile={path}", "controller.threshold=0",
+                   "controller.break_even=false", "controller.consecutive=1", "controller.cooldown_steps=0", "controller.window=1")
+    decisions = [e for e in ctl.events if e["kind"] == "decision"]
+    assert [d["step"] for d in decisions] == list(range(STEPS - 1))
+    first = decisions[0]
+    assert first["action"] == "resize" and first["to"] == [3, 1], first
+    assert first["predicted_cost_s"] == pytest.approx(0.0133)  # the profile's price, not the paper's 187 s
+    assert "2:2 -> 3:1" in first["reason"] and set(first["predicted_step_s"]) == {"1:3", "2:2", "3:1"}
+    measured = _resizes(ctl)[0]["critical_path_s"]
+    assert decisions[1]["predicted_cost_s"] == pytest.approx(measured)  # then the job's own resize
+    assert [r["split"] for r in ctl.rows][:2] == [[2, 2], [3, 1]]
+    ctl.assert_learned(warm_start)
+    ctl.assert_bitwise_equal(static, "sync: controller-resized vs static 2+2")

@@ -1,9 +1,12 @@
-"""`poise profile`: measure the rollout engine's decode/prefill costs as `poise-profile/1` JSON.
+"""`poise profile`: measure this machine's cost model as `poise-profile/1` JSON: the rollout
+engine's decode and prefill, the trainer's update, and (with --resize) live and hard resizes.
 
     poise profile                              # the built-in tiny Qwen2, CPU
+    poise profile --resize --out runs/profile.json   # + resizes of a real 4-device job (~1 min)
     poise profile --model runs/sft/model --device cuda --dtype bfloat16 --out profile.json
 
-The simulator's cost model reads the file (`cost.profile: profile.json`; docs/profile-format.md).
+The simulator's cost model reads the file (`cost.profile: profile.json`), and so does the resize
+controller of a real job (`cluster.profile: profile.json`); docs/profile-format.md.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (pin it: results depend on it)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: %(default)s)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--no-train", dest="train", action="store_false",
+                        help="skip the trainer's table (forward+backward+optimizer per update)")
+    parser.add_argument("--resize", action="store_true",
+                        help="also measure live and hard resizes on a real 4-device Ray job of this model "
+                             "(starts Ray; about a minute on 2 CPU cores)")
+    parser.add_argument("--resize-devices", type=int, default=4,
+                        help="devices of the --resize job (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +55,16 @@ def run(args: argparse.Namespace) -> int:
     from poise.model.loading import TinyModelConfig, build_tiny, load_model
     from poise.rollout.profile import ProfileConfig, profile_model
 
+    if args.resize and args.resize_devices < 4:
+        raise PoiseError(f"--resize-devices {args.resize_devices}: the resize job needs at least 4 devices "
+                         "(it resizes 2+2 -> 1+3 -> 3+1); use 4")
+    out = Path(args.out)
+    try:  # before minutes of measuring
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PoiseError(f"--out {out}: cannot create its directory ({e.strerror}); choose another path") from None
+    if out.is_dir():
+        raise PoiseError(f"--out {out} is a directory; give a file path, e.g. {out / 'profile.json'}")
     torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise PoiseError(f"--device {args.device}: no CUDA device is available here; use --device cpu")
@@ -68,11 +88,25 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     profile = profile_model(model, cfg, name, progress=progress)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.train:
+        from poise.train.profile import TrainProfileConfig, profile_train
+
+        profile["train"] = profile_train(model, TrainProfileConfig(), model.config.vocab_size,
+                                         progress=lambda what: progress(1, 1, what))
+    if args.resize:
+        from poise.runtime.resize import measure_resizes
+
+        print("profile: measuring live and hard resizes on a real job ...", file=sys.stderr, flush=True)
+        profile["resize"] = measure_resizes(args.model, args.resize_devices, Path(args.out).parent / "profile-resize")
     out.write_text(json.dumps(profile, indent=2) + "\n")
     top = max(cfg.batch_sizes)
     print(f"{name} on {profile['device']}: {profile['tokens_per_second']:,.0f} tokens/s at batch {top}; "
           f"decode step {min(r['seconds_per_step'] for r in profile['decode']) * 1e3:.2f}-"
           f"{max(r['seconds_per_step'] for r in profile['decode']) * 1e3:.2f} ms; wrote {out}")
+    if "train" in profile:
+        rows = profile["train"]
+        print(f"train update: {rows[0]['seconds']:.3f} s over {rows[0]['tokens']:,} tokens to "
+              f"{rows[-1]['seconds']:.3f} s over {rows[-1]['tokens']:,} tokens")
+    for mode, r in profile.get("resize", {}).items():
+        print(f"{mode} resize: {sum(r['phases'].values()):.3f} s on the critical path (median of {r['n']})")
     return 0

@@ -18,9 +18,8 @@ resize cost and the break-even step count, and is logged as a `decision` event.
 
 The signal. The cost model prices every allowed split on each step's output lengths (averaged
 over the last `window` steps); its stage times are calibrated to the observed ones (observed /
-predicted at the observed split), so a model that is wrong by a constant factor still ranks
-splits correctly. The signal is the
-relative gain of the best split over the current one. The paper's signal is the raw
+predicted at the observed split; the weight sync too where the driver measured it), so a model
+that is wrong by a constant factor still ranks splits correctly. The signal is the relative gain of the best split over the current one. The paper's signal is the raw
 imbalance between stage times; ours is equivalent for the async pipeline (where the step is
 the slower stage) and also right for sync, where balancing stages is not the goal.
 
@@ -139,6 +138,9 @@ class ScheduledResizes:
                         f"resize.schedule: step {obs.step + 1} runs on {target.rollout}+{target.train}",
                         signal=True)
 
+    def resized(self, critical_path_s: float) -> None:
+        pass
+
 
 NO_HYSTERESIS = ControllerConfig(threshold=0.05, consecutive=1, dwell_s=0.0, cooldown_steps=0,
                                  break_even=False)
@@ -156,6 +158,7 @@ class StepObservation:
     step_s: float
     output_lengths: tuple[int, ...]
     prompt_len: int
+    sync_s: float | None = None  # measured weight sync; None: the cost model's
 
 
 @dataclass(frozen=True)
@@ -179,13 +182,17 @@ class Decision:
                 "from": self.from_split.as_list(), "to": self.to_split.as_list(),
                 "reason": self.reason, "predicted_gain_s": self.predicted_gain_s,
                 "predicted_cost_s": self.predicted_cost_s, "break_even_steps": self.break_even_steps,
-                "expected_persistence_steps": self.expected_persistence_steps}
+                "expected_persistence_steps": self.expected_persistence_steps,
+                "predicted_step_s": dict(self.predictions)}
 
 
 class ResizePolicy(Protocol):
-    """What a driver calls once per step: `ResizeController` or `StaticSplit`."""
+    """What a driver calls once per step: `ResizeController` or `StaticSplit`; and after each
+    resize, with what its critical path measured."""
 
     def observe(self, obs: StepObservation) -> Decision: ...
+
+    def resized(self, critical_path_s: float) -> None: ...
 
 
 class StaticSplit:
@@ -193,6 +200,9 @@ class StaticSplit:
 
     def observe(self, obs: StepObservation) -> Decision:
         return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "static split")
+
+    def resized(self, critical_path_s: float) -> None:
+        pass
 
 
 class ResizeController:
@@ -217,6 +227,18 @@ class ResizeController:
         self._regime_start = 0
         self.ended_regimes: list[int] = []
         self._recent: list[dict[Split, float]] = []
+        self.measured_costs: list[float] = []  # critical paths of this job's own resizes
+
+    def resized(self, critical_path_s: float) -> None:
+        """A resize this controller asked for took `critical_path_s` (measured by the driver): the
+        break-even check prices the next one at the median measured, not the model's price."""
+        self.measured_costs.append(critical_path_s)
+
+    def resize_cost_s(self) -> float:
+        if self.measured_costs:
+            ordered = sorted(self.measured_costs)
+            return ordered[len(ordered) // 2]
+        return self.resize_cost.critical_path_s
 
     def predictions(self, obs: StepObservation) -> dict[Split, float]:
         """Predicted step seconds of every allowed split (and the current one) for the workload
@@ -228,13 +250,14 @@ class ResizeController:
         cur = raw[obs.split]
         r_scale = obs.rollout_s / cur.rollout_s if cur.rollout_s > 0 else 1.0
         t_scale = obs.train_s / cur.train_s if cur.train_s > 0 else 1.0
+        s_scale = obs.sync_s / cur.sync_s if obs.sync_s is not None and cur.sync_s > 0 else 1.0
         out = {}
         for s, p in raw.items():
             tail = None
             if self.pipeline_mode == "stream":
                 tail = max(0.0, p.step_s - p.sync_s - p.rollout_s) * t_scale
             out[s] = compose_step(self.pipeline_mode, p.rollout_s * r_scale, p.train_s * t_scale,
-                                  p.sync_s, tail)
+                                  p.sync_s * s_scale, tail)
         return out
 
     def _smoothed(self, obs: StepObservation) -> dict[Split, float]:
@@ -252,7 +275,7 @@ class ResizeController:
         gain = max(0.0, cur_s - preds[best])
         signal = best != obs.split and cur_s > 0 and gain / cur_s >= cfg.threshold
         table = {str(s): round(v, 3) for s, v in sorted(preds.items())}
-        cost_s = self.resize_cost.critical_path_s
+        cost_s = self.resize_cost_s()
 
         # Regime: the split the workload wants. Sticky, so near-ties between two good splits
         # do not end it: it ends only when another split beats it by `regime_margin` (kept
@@ -289,24 +312,24 @@ class ResizeController:
             return decide("hold", f"cooldown: {obs.step - self.last_resize_step} of "
                                   f"{cfg.cooldown_steps} steps since the last resize")
         if not signal:
-            return decide("hold", f"balanced: best split {best} predicts {gain:.1f}s/step gain "
+            return decide("hold", f"balanced: best split {best} predicts {gain:.3g}s/step gain "
                                   f"({gain / cur_s if cur_s else 0:.0%}) < threshold {cfg.threshold:.0%}")
         if self._run_len < cfg.consecutive:
             return decide("hold", f"signal {self._run_len}/{cfg.consecutive} toward {best} "
-                                  f"({gain:.1f}s/step)")
+                                  f"({gain:.3g}s/step)")
         lasted = obs.now - self._run_start_t
         if lasted < cfg.dwell_s:
             return decide("hold", f"dwell: signal toward {best} has lasted {lasted:.0f}s of "
                                   f"{cfg.dwell_s:.0f}s")
         if cfg.break_even and gain * persistence <= cost_s:
-            return decide("hold", f"break-even: resize to {best} costs {cost_s:.0f}s = "
-                                  f"{break_even:.1f} steps of {gain:.1f}s gain, expect "
+            return decide("hold", f"break-even: resize to {best} costs {cost_s:.3g}s = "
+                                  f"{break_even:.1f} steps of {gain:.3g}s gain, expect "
                                   f"{persistence:.1f} more steps of this regime")
         self.last_resize_step = obs.step
         self._run_dir, self._run_len = 0, 0
         self._recent.clear()  # observations at the old split say little about the new one
-        return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.1f}s -> {preds[best]:.1f}s "
-                                f"per step, {self.resize_cost.mode} resize {cost_s:.0f}s pays back in "
+        return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.3g}s -> {preds[best]:.3g}s "
+                                f"per step, {self.resize_cost.mode} resize {cost_s:.3g}s pays back in "
                                 f"{break_even:.1f} steps; expect {persistence:.1f} more steps")
 
 

@@ -18,6 +18,9 @@ all price work the same way. Two sources, one interface:
     cost.train_s(tokens, devices)         forward+backward+optimizer over `tokens`, data-parallel
     cost.sync_s(nbytes=None)              trainer -> rollout weight broadcast (default: whole model)
     cost.resize(mode)                     ResizeCost: phases on the critical path and behind it
+    cost.on_devices(ref, rollout, train, link)
+                                          the same model with each role priced on its device
+                                          type and weight sync across a link (policy/devices.py)
 
 `ContinuousBatch` is the continuous-batching kernel (Orca-style iteration-level batching: a
 finished sequence's slot is refilled at the next step); `instance_finish_times` runs it over a
@@ -28,12 +31,15 @@ engine all price generation through it. Pure Python: no torch, no clock, no glob
 from __future__ import annotations
 
 import bisect
+import copy
+import dataclasses
 import heapq
 import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
 from poise.errors import ConfigError, PoiseError
+from poise.policy.devices import DeviceType, Link
 from poise.schema import check, help_factory, help_field
 
 ResizeMode = Literal["live", "hard"]
@@ -52,11 +58,12 @@ _HARD = {"state_export": 59.7, "worker_reinit": 60.3, "weight_restore": 104.1,
 @dataclass(frozen=True)
 class CostConfig:
     """Hand-written cost coefficients; a profile JSON (if given) replaces the decode/prefill/
-    train/sync tables while the resize phases stay as written here."""
+    train/sync tables, and the resize phases where it measured them (`poise profile --resize`)."""
 
     decode_base_s: float = help_field(0.012, "seconds of one decode step independent of batch "
                                       "(reading the weights: memory-bound)")
-    decode_per_seq_s: float = help_field(1.5e-4, "extra seconds per live sequence in the batch")
+    decode_per_seq_s: float = help_field(1.5e-4, "extra seconds per live sequence in the batch (its "
+                                         "matmuls: compute-bound)")
     decode_per_kv_token_s: float = help_field(4e-8, "extra seconds per context token held in the "
                                               "KV cache of the batch (attention reads)")
     prefill_per_token_s: float = help_field(4e-5, "prefill seconds per prompt token")
@@ -67,6 +74,11 @@ class CostConfig:
     weight_bytes: float = help_field(16e9, "bytes of weights broadcast trainer -> rollout per step")
     sync_bandwidth: float = help_field(25e9, "weight-sync bandwidth, bytes per second")
     sync_latency_s: float = help_field(0.05, "fixed seconds per weight sync")
+    sync_bucket_bytes: float = help_field(1e9, "bytes per weight-sync bucket; across a link between device "
+                                          "groups each bucket is one blocking send that pays the link latency")
+    device: str | None = help_field(None, "device type these coefficients were measured on (a preset or a "
+                                    "cluster.device_types name); other types are priced by spec ratios to it. "
+                                    "Default: the first of cluster.device_types")
     resize_live: dict[str, float] = help_factory(lambda: dict(_LIVE),
                                                  "live resize phases on the critical path, seconds")
     resize_live_background: dict[str, float] = help_factory(
@@ -87,6 +99,7 @@ class CostConfig:
               self.decode_base_s, "decode must cost something: set decode_base_s > 0")
         check(self.sync_bandwidth > 0, "cost.sync_bandwidth", self.sync_bandwidth,
               "must be > 0 bytes per second")
+        check(self.sync_bucket_bytes > 0, "cost.sync_bucket_bytes", self.sync_bucket_bytes, "must be > 0 bytes")
         for table in ("resize_live", "resize_live_background", "resize_hard"):
             for phase, seconds in getattr(self, table).items():
                 check(seconds >= 0, f"cost.{table}.{phase}", seconds, "must be >= 0 seconds")
@@ -138,6 +151,14 @@ class CostModel:
         self.cfg = cfg or CostConfig()
         self._decode_grid: list[tuple[float, PiecewiseLinear]] | None = None
         self._prefill = self._train = self._sync = None
+        self._train_allreduce_s: float | None = None  # set by a profile's train table
+        self._resize: dict[str, ResizeCost] = {}  # measured resize phases (`poise profile --resize`)
+        # set by on_devices: the link weight sync crosses, the model as written (on the reference
+        # type) and the factors on a profile's decode, prefill and train tables
+        self.link: Link | None = None
+        self._written: CostModel | None = None
+        self._table_scale = (1.0, 1.0, 1.0)
+        self._decode_floor_s = 0.0  # seconds per live sequence: its matmuls at this type's TFLOPS
         if tables:
             self._load_tables(tables)
 
@@ -159,6 +180,12 @@ class CostModel:
             self._prefill = PiecewiseLinear([(r["tokens"], r["seconds"]) for r in p["prefill"]], "prefill")
             if p.get("train"):
                 self._train = PiecewiseLinear([(r["tokens"], r["seconds"]) for r in p["train"]], "train")
+                # each row times a whole update (optimizer step included): the fixed part is the
+                # table's intercept; only a measured all-reduce is added for >1 train devices
+                self._train_allreduce_s = float(p.get("train_allreduce_s", 0.0))
+            for mode, r in (p.get("resize") or {}).items():
+                self._resize[mode] = ResizeCost(mode, tuple((k, float(v)) for k, v in r["phases"].items()),
+                                                tuple((k, float(v)) for k, v in r.get("background", {}).items()))
             if p.get("weight_sync"):
                 self._sync = PiecewiseLinear([(r["bytes"], r["seconds"]) for r in p["weight_sync"]],
                                              "weight_sync")
@@ -174,13 +201,14 @@ class CostModel:
             grid = self._decode_grid
             ctxs = [c for c, _ in grid]
             if len(grid) == 1:
-                return grid[0][1](batch)
+                return self._table_scale[0] * grid[0][1](batch)
             i = min(max(bisect.bisect_right(ctxs, context) - 1, 0), len(grid) - 2)
             (c0, f0), (c1, f1) = grid[i], grid[i + 1]
             y0, y1 = f0(batch), f1(batch)
-            return max(0.0, y0 + (y1 - y0) * (context - c0) / (c1 - c0))
+            return self._table_scale[0] * max(0.0, y0 + (y1 - y0) * (context - c0) / (c1 - c0))
         c = self.cfg
-        return c.decode_base_s + c.decode_per_seq_s * batch + c.decode_per_kv_token_s * batch * context
+        step = c.decode_base_s + c.decode_per_seq_s * batch + c.decode_per_kv_token_s * batch * context
+        return max(step, self._decode_floor_s * batch) if self._decode_floor_s else step
 
     def decode_segment_s(self, batch: int, ctx_sum: float, steps: int) -> float:
         """`steps` decode steps at constant `batch`; contexts sum to `ctx_sum` at the first step
@@ -190,14 +218,30 @@ class CostModel:
             return 0.0
         if self._decode_grid is None:  # decode_step_s's linear model summed in closed form (the hot path)
             c = self.cfg
+            if self._decode_floor_s:  # a placed type: the roofline's compute floor may bind
+                return self._floored_segment_s(batch, ctx_sum, steps)
             return steps * (c.decode_base_s + c.decode_per_seq_s * batch
                             + c.decode_per_kv_token_s * (ctx_sum + batch * (steps - 1) / 2.0))
         mean_ctx = ctx_sum / batch + (steps - 1) / 2.0
         return steps * self.decode_step_s(batch, mean_ctx)
 
+    def _floored_segment_s(self, batch: int, ctx_sum: float, steps: int) -> float:
+        """`decode_segment_s` when each step is max(memory-bound step, compute floor): the
+        segment is compute-bound until the growing KV reads (per_kv x batch more each step)
+        catch up with the floor, memory-bound after; both parts in closed form."""
+        c = self.cfg
+        first = c.decode_base_s + c.decode_per_seq_s * batch + c.decode_per_kv_token_s * ctx_sum
+        floor = self._decode_floor_s * batch
+        grow = c.decode_per_kv_token_s * batch
+        if first >= floor:
+            bound = 0
+        else:
+            bound = steps if grow <= 0 else min(steps, math.ceil((floor - first) / grow))
+        return bound * floor + (steps - bound) * (first + grow * (bound + steps - 1) / 2.0)
+
     def prefill_s(self, tokens: float) -> float:
         if self._prefill is not None:
-            return self._prefill(tokens)
+            return self._table_scale[1] * self._prefill(tokens)
         return self.cfg.prefill_per_token_s * tokens
 
     # --- training and sync ------------------------------------------------------------------
@@ -207,11 +251,13 @@ class CostModel:
             raise ConfigError("train devices", devices, "need at least one train device")
         per_device = tokens / devices
         if self._train is not None:
-            return self._train(per_device)
+            return self._table_scale[2] * self._train(per_device)
         return self.cfg.train_per_token_s * per_device
 
     def train_fixed_s(self, devices: int) -> float:
         """Per-step seconds that do not shrink with devices: optimizer step and all-reduce."""
+        if self._train_allreduce_s is not None:  # a profile's train table holds the optimizer step
+            return self._train_allreduce_s if devices > 1 else 0.0
         return self.cfg.train_fixed_s + (self.cfg.train_allreduce_s if devices > 1 else 0.0)
 
     def train_s(self, tokens: float, devices: int) -> float:
@@ -220,12 +266,70 @@ class CostModel:
     def sync_s(self, nbytes: float | None = None) -> float:
         """Broadcast of `nbytes` (default: the whole model, `weight_bytes`) trainer -> rollout."""
         nbytes = self.cfg.weight_bytes if nbytes is None else nbytes
+        if self.link is not None:
+            return self.link_sync_s(nbytes)
         if self._sync is not None:
             return self._sync(nbytes)
         return self.cfg.sync_latency_s + nbytes / self.cfg.sync_bandwidth
 
+    def link_sync_s(self, nbytes: float) -> float:
+        """Weight sync from the train group across `self.link` to the rollout group (StreamRL
+        §7.3: point-to-point across datacenters). The weights go in `sync_bucket_bytes` buckets,
+        each one blocking send over the link (its latency + bytes / bandwidth) to one rollout
+        device, which broadcasts it inside its group (the local sync) while the next bucket
+        crosses: a two-stage pipeline, so the slower stage sets the pace."""
+        link, c = self.link, self.cfg
+        assert link is not None
+        buckets = math.ceil(nbytes / c.sync_bucket_bytes)
+        if buckets == 0:
+            return 0.0 if self._sync is not None else c.sync_latency_s
+        size = nbytes / buckets
+        cross = link.latency_s + size / link.bytes_per_s
+        local = self._sync(size) if self._sync is not None else size / c.sync_bandwidth
+        fixed = 0.0 if self._sync is not None else c.sync_latency_s  # a profile's rows include it
+        return fixed + buckets * max(cross, local) + min(cross, local)
+
+    # --- device types -----------------------------------------------------------------------
+    def on_devices(self, reference: DeviceType, rollout: DeviceType, train: DeviceType,
+                   link: Link | None = None) -> "CostModel":
+        """This model (coefficients measured on `reference`) with each role priced on its type.
+
+        Decode is a roofline: the reference's decode step is memory traffic (weights and KV
+        cache read once per step; StreamRL §2.2), so on `rollout` it takes the bandwidth ratio
+        times as long, but no less than its sequences' matmuls at `rollout`'s TFLOPS
+        (`decode_per_seq_s` x batch x the TFLOPS ratio): a type with little compute (H20)
+        becomes compute-bound at large batches. Prefill and forward/backward are compute-bound
+        (TFLOPS ratio); the optimizer step streams parameters and moments (bandwidth ratio); the
+        all-reduce and the local sync are network (unchanged). A profile's decode table is
+        scaled by bandwidth alone (no compute floor: it does not separate the matmuls), its
+        train table (optimizer step included) by TFLOPS. `link`: the one weight sync crosses
+        (None: the roles share a group). Placing a placed model places the model as written;
+        placing on the reference type changes no number."""
+        base = self._written or self
+        c = base.cfg
+        rollout_bw = reference.mem_bw_tbps / rollout.mem_bw_tbps  # type: ignore[operator]
+        rollout_flops = reference.tflops / rollout.tflops  # type: ignore[operator]
+        train_flops = reference.tflops / train.tflops  # type: ignore[operator]
+        train_bw = reference.mem_bw_tbps / train.mem_bw_tbps  # type: ignore[operator]
+        placed = copy.copy(base)
+        placed.cfg = dataclasses.replace(
+            c, decode_base_s=c.decode_base_s * rollout_bw, decode_per_seq_s=c.decode_per_seq_s * rollout_bw,
+            decode_per_kv_token_s=c.decode_per_kv_token_s * rollout_bw,
+            prefill_per_token_s=c.prefill_per_token_s * rollout_flops,
+            train_per_token_s=c.train_per_token_s * train_flops, train_fixed_s=c.train_fixed_s * train_bw)
+        placed._table_scale = (rollout_bw, rollout_flops, train_flops)
+        # the floor can bind only on a type with less compute per unit of bandwidth than the
+        # reference (never on the reference itself, whose numbers stay exactly as written)
+        binds = rollout_flops > rollout_bw and base._decode_grid is None
+        placed._decode_floor_s = c.decode_per_seq_s * rollout_flops if binds else 0.0
+        placed.link = link
+        placed._written = base
+        return placed
+
     # --- resizing ---------------------------------------------------------------------------
     def resize(self, mode: str) -> ResizeCost:
+        if mode in self._resize:  # measured on this machine
+            return self._resize[mode]
         if mode == "live":
             return ResizeCost("live", tuple(self.cfg.resize_live.items()),
                               tuple(self.cfg.resize_live_background.items()))

@@ -230,6 +230,7 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
     esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
     resize_rows = "".join(
         f"<tr><td>{esc(d.get('step'))}</td><td>{esc(d.get('from'))}</td><td>{esc(d.get('to'))}</td>"
+        f"<td>{esc(_num(d.get('predicted_gain_s')))}</td><td>{esc(_num(d.get('predicted_cost_s')))}</td>"
         f"<td>{esc(d.get('reason'))}</td></tr>" for d in decisions)
     imgs = "".join(f'<h2>{esc(name.replace("_", " "))}</h2><img src="{esc(p.name)}" style="max-width:100%">'
                    for name, p in paths.items() if p.suffix == ".png")
@@ -238,7 +239,12 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
             f"<h1>{html.escape(str(run_dir))}</h1>"
             f"<table border=1 cellpadding=3>{rows}</table>"
             f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>after step</th>"
-            f"<th>from</th><th>to</th><th>reason</th></tr>{resize_rows}</table>{imgs}</body></html>")
+            f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"
+            f"{resize_rows}</table>{imgs}</body></html>")
+
+
+def _num(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, (int, float)) else "" if value is None else str(value)
 
 
 def draw_sweep(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> None:

@@ -13,11 +13,13 @@ scenario (emulated compute); the driver does not know which.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Protocol, Sequence
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, make_prompt_source, make_tokenizer
@@ -33,13 +35,16 @@ from poise.rewards.functions import resolve_functions
 from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, truncate_logs
 from poise.runlog import RunLog
-from poise.runtime.cluster import connect, device_pool, free_port
+from poise.runtime import faults
+from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize, prewarm_rank_sets
+from poise.runtime.scale import ScaleOut, scale_rank_sets
 from poise.runtime.service import StreamGenerationService
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
 from poise.schema import dump
-from poise.train.checkpoint import latest_checkpoint, prune_checkpoints
+from poise.train.checkpoint import (PENDING_SAMPLES, decode_samples, encode_samples, latest_checkpoint,
+                                    prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
@@ -68,54 +73,71 @@ class Runtime:
         c, algo = cfg.cluster, cfg.algorithm
         connect(c)
         self.pool = device_pool(c)
+        self.reserve = reserve_pool(c)  # devices that may join as rollout instances (runtime/scale.py)
+        self.joined: list[int] = []  # reserve devices that joined: rollout instances from then on
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
-                               emulation.device_spec if emulation is not None else None)
+                               emulation.device_spec if emulation is not None else None,
+                               c.step_timeout_s, faults.hang_hook())
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
             first = source.problems(0)
             prompt_len = round(sum(len(source.prompt_ids(p)) for p in first) / len(first))
+            from poise.model.length_ranker import torch_rankers  # torch: real compute only (issue 14)
+
             self.ranker, default = build_dispatch(cfg.dispatch, cfg.run.seed, CostModel(), prompt_len,
-                                                  algo.group_size)
+                                                  algo.group_size, rankers=torch_rankers())
         self.dispatcher = dispatcher or default  # tests inject reordering or lossy ones
         self.emulation_cost = emulation.cost if emulation is not None else None
         # wall seconds per cost-model second: the controller prices in model seconds
         self.time_scale = emulation.device_spec.time_scale if emulation is not None else 1.0
         self.service: StreamGenerationService | None = None
         # a hard resize recreates the actors, so it prewarms only the split it starts
-        transitions = resize_transitions(cfg, split) if cfg.resize.mode == "live" else []
-        self.start(Split(*split), transitions)
+        self.transitions = resize_transitions(cfg, split) if cfg.resize.mode == "live" else []
+        self.start(Split(*split), self.transitions)
 
     def start(self, split: Split, transitions: list[tuple[Split, Split]]) -> None:
         """Place one worker actor per device in the pool's bundles, in the roles of `split`."""
         c, algo = self.cfg.cluster, self.cfg.algorithm
-        port = free_port()
+        port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
         resources = {"num_gpus": 1} if c.device == "cuda" else {}
+        # the thread env of every device process, also on a joined cluster, whose job has none of
+        # start_local's runtime_env: the same OpenMP/MKL set-up on every node (issue 11)
+        resources["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(c.threads_per_device),
+                                                 "TOKENIZERS_PARALLELISM": "false"}}
+        world = c.devices + c.reserve_devices  # the reserve is in the torch world from the start, idle
         self.workers = [DeviceWorker.options(scheduling_strategy=self.pool.strategy(d), num_cpus=1, **resources)
-                        .remote(d, c.devices, port, self.spec) for d in range(c.devices)]
-        self.rollout_ranks = list(range(split.rollout))
-        self.train_ranks = list(range(split.rollout, split.rollout + split.train))
+                        .remote(d, world, port, self.spec) for d in range(c.devices)]
+        self.workers += [DeviceWorker.options(scheduling_strategy=self.reserve.strategy(i), num_cpus=1, **resources)
+                         .remote(c.devices + i, world, port, self.spec) for i in range(c.reserve_devices)]
+        pool_rollout = split.rollout - len(self.joined)  # a restart (recovery) keeps the joined devices
+        self.rollout_ranks = list(range(pool_rollout)) + self.joined
+        self.train_ranks = list(range(pool_rollout, pool_rollout + split.train))
         self.leader = self.train_ranks[0]
         # every worker creates the same groups in the same order (dist.new_group is collective):
         # those of this split and of every split a live resize may move to
-        ray.get([w.prewarm_groups.remote(prewarm_rank_sets(split, transitions)) for w in self.workers])
-        ray.get([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
-                + [self.workers[d].set_role.remote("train") for d in self.train_ranks])
+        groups = prewarm_rank_sets(split, transitions)
+        groups += scale_rank_sets(self.cfg, self.leader, list(range(pool_rollout)))  # and of the joins
+        faults.wait([w.prewarm_groups.remote(groups) for w in self.workers], list(range(len(self.workers))),
+                    "start-up (model build and communicators)", max(c.step_timeout_s, faults.START_UP_S))
+        faults.wait([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
+                    + [self.workers[d].set_role.remote("train") for d in self.train_ranks],
+                    self.rollout_ranks + self.train_ranks, "start-up", c.step_timeout_s)
         old = self.service
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
                                                self.dispatcher, self.ranker, algo.group_size,
-                                               self.cfg.rollout.num_slots)
+                                               self.cfg.rollout.num_slots, step_timeout_s=c.step_timeout_s)
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg)
+                                    algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg,
+                                    step_timeout_s=c.step_timeout_s)
 
     def stop(self) -> None:
-        """Shut every worker down and kill its actor (the placement group stays)."""
-        ray.get([w.shutdown.remote() for w in self.workers])
-        for w in self.workers:
-            ray.kill(w)
+        """Shut every worker down and kill its actor (the placement group stays); a dead or hung
+        actor is killed without waiting for it."""
+        faults.stop_workers(self.workers, faults.PROBE_S)
 
     @property
     def split(self) -> Split:
@@ -129,12 +151,16 @@ class Runtime:
 
     def digests(self) -> tuple[str, list[str]]:
         """The train leader's weights digest and every rollout device's."""
-        digests = ray.get([self.workers[d].weights_digest.remote() for d in [self.leader] + self.rollout_ranks])
+        devices = [self.leader] + self.rollout_ranks
+        digests = faults.wait([self.workers[d].weights_digest.remote() for d in devices], devices,
+                              "the weight-sync check", self.cfg.cluster.step_timeout_s, self)
         return digests[0], digests[1:]
 
     def shutdown(self) -> None:
         self.stop()
         self.pool.release()
+        if self.reserve is not None:
+            self.reserve.release()
 
 
 class Driver:
@@ -152,6 +178,11 @@ class Driver:
         self.generated: dict[int, list[tuple[Sample, float]]] = {}  # async: the next step, already generated
         self.started: set[int] = set()  # steps whose generation was handed to the rollout devices
         self.reward_results: dict[SampleId, RewardResult] = {}  # per function, until the step is logged
+        self.trained: tuple | None = None  # the step's results once its update is done, until published
+        self.syncing: list = []  # the step's weight-sync calls, once queued
+        self.injector = faults.Injector()  # the fault tests' kills (POISE_TEST_KILL); idle otherwise
+        self.recoveries = 0
+        self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -162,36 +193,135 @@ class Driver:
         with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar:
             for step in range(self.start_step, cfg.run.steps):
                 t_start = self.now()
-                plan = self.plan(step)  # expected ids, mini/micro-batches and owners, weights version
                 problems = self.source.problems(step)
-                self.rt.trainer.start_step(plan)
-                if self.kind == "async":  # train on step k (generated last step) while generating k+1
-                    scored = self.generated.pop(step, None) or self.generate(step, problems)
-                    ahead = self.source.problems(step + 1) if step + 1 < cfg.run.steps else None
-                    if ahead:
-                        self.start_generation(step + 1, ahead)  # with weights k, while k trains
-                    self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
-                    if ahead:
-                        self.generated[step + 1] = self.collect(ahead)
-                else:  # each sample goes to the trainer the moment it is scored
-                    scored = self.generate(step, problems, stream_to_trainer=True)
-                t_gen = self.now()
-                syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
-                self.queue_next_generation(step)  # behind the sync on every rollout device
-                stats, micro, updates = self.rt.trainer.finish_step()  # train
-                t_train = self.now()
-                if self.pending_resize is not None:
-                    self.log_resize(log, updates)
-                self.version += 1
-                sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
+                # generate, score, train, publish; after a worker death, again from the phase that broke
+                scored, stats, micro, updates, t_gen, t_train, sync_s = self.survive(
+                    log, step, "step", lambda: self.train_step(log, step, problems))
                 t_end = self.now()
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
-                self.checkpoint(log, step + 1)
+                self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1))
                 self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
+                self.scale.after_step(log, step, (t_start, t_gen, t_train, t_end), micro, updates, self.version)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
+
+    def train_step(self, log: RunLog, step: int, problems: list[Problem]):
+        """Step `step` up to weights version k+1 on every rollout device. Once its update is done
+        (`self.trained`), running it again after a recovery only publishes the weights again."""
+        if self.trained is None:
+            self.rt.trainer.start_step(self.plan(step))  # expected ids, mini/micro-batches and owners
+            if self.kind == "async":  # train on step k (generated last step) while generating k+1
+                scored = self.generated.get(step) or self.generate(step, problems)
+                self.generated[step] = scored
+                ahead = self.source.problems(step + 1) if step + 1 < self.cfg.run.steps else None
+                ahead = ahead if step + 1 not in self.generated else None  # a recovery kept it
+                if ahead:
+                    self.start_generation(step + 1, ahead)  # with weights k, while k trains
+                self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
+                self.injector.at(self.rt, "train", step)
+                if ahead:
+                    self.generated[step + 1] = self.collect(ahead, step=step + 1)
+            elif step in self.generated:  # a recovery kept the step's samples: train on them
+                scored = self.generated[step]
+                self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
+            else:  # each sample goes to the trainer the moment it is scored
+                scored = self.generated[step] = self.generate(step, problems, stream_to_trainer=True)
+            t_gen = self.now()
+            if self.kind != "async":
+                self.injector.at(self.rt, "train", step)
+            syncing = self.syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
+            self.queue_next_generation(step)  # behind the sync on every rollout device
+            stats, micro, updates = self.rt.trainer.finish_step()  # train
+            t_train = self.now()
+            if self.pending_resize is not None:
+                self.log_resize(log, updates)
+            self.version += 1
+            self.trained = (scored, stats, micro, updates, t_gen, t_train, syncing)
+        scored, stats, micro, updates, t_gen, t_train, syncing = self.trained
+        if syncing is None:  # a recovery after the update: the weights go out again
+            ahead = step + 1 < self.cfg.run.steps and step + 1 not in self.generated
+            if self.kind == "async" and ahead:  # first the next step's samples, with the weights before it
+                problems_ahead = self.source.problems(step + 1)
+                self.start_generation(step + 1, problems_ahead)
+                self.generated[step + 1] = self.collect(problems_ahead, step=step + 1)
+            syncing = self.rt.service.publish_weights_refs(self.rt.workers[self.rt.leader], self.rt.leader,
+                                                           self.version, self.cfg.rollout.weight_bucket_mb, None)
+            self.queue_next_generation(step)
+        self.injector.at(self.rt, "publish", step)
+        sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
+        self.trained = None
+        self.generated.pop(step, None)
+        return scored, stats, micro, updates, t_gen, t_train, sync_s
+
+    def survive(self, log: RunLog, step: int, phase: str, run):
+        """`run()` phase `phase` of step `step`; if a worker dies in it, recover (runtime/faults.py)
+        and run it again."""
+        while True:
+            try:
+                return run()
+            except faults.WorkerLost as e:
+                lost = e
+            except (RayActorError, RayTaskError) as e:  # a survivor's call failed: did an actor die?
+                lost = faults.lost_or_raise(self.rt, e, [], f"step {step}")
+                if not isinstance(lost, faults.WorkerLost):
+                    raise
+            self.recover(log, step, phase, lost)
+
+    def recover(self, log: RunLog, step: int, phase: str, lost: faults.WorkerLost) -> None:
+        """Replace the dead actors and restore a surviving replica's state on every device."""
+        detected = time.time()
+        c = self.cfg.cluster
+        self.recoveries += 1
+        if self.recoveries > c.max_recoveries:
+            raise faults.RunFailure(faults.unrecoverable(self.rt, lost.devices, step, self.run_dir,
+                                                         f"cluster.max_recoveries={c.max_recoveries} are spent"))
+        if self.rt.emulation_cost is not None:
+            raise faults.RunFailure(faults.unrecoverable(self.rt, lost.devices, step, self.run_dir,
+                                                         "emulated devices hold no state to restore from"))
+        rollout_version = self.version  # what generation in flight was made with
+        if phase == "step" and self.trained is None:
+            done = faults.settled_updates(self.rt.trainer, c.step_timeout_s)
+            if done == "some":
+                raise faults.RunFailure(faults.unrecoverable(
+                    self.rt, lost.devices, step, self.run_dir, "some of its updates had already happened"))
+            if done == "all":  # async: the update ended on every train device, the next step's generation broke
+                stats, micro, updates = self.rt.trainer.finish_step()
+                self.version += 1
+                self.trained = (self.generated[step], stats, micro, updates, self.now(), self.now(), None)
+        phase = "publish" if self.trained is not None else phase
+        broken = faults.step_refs(self.rt.trainer) + self.syncing + list((self.trained or [None])[-1] or [])
+        source, what = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir,
+                                      c.step_timeout_s)
+        faults.drain(broken)  # the dead step's failed calls: read here, not printed by Ray as unhandled
+        if self.trained is not None:  # publish again (train_step): the rollout devices hold the weights they
+            self.trained = self.trained[:-1] + (None,)  # generated with, which an async step may still need
+        self.started = set(self.generated)  # what the dead actors were generating starts again
+        killed, self.injector.killed_at = self.injector.killed_at, None
+        log.event("recovery", self.now(), step=step, phase=phase, devices=lost.devices, source=source,
+                  detect_s=(detected - killed) if killed else None, recover_s=time.time() - detected)
+        print(f"poise: warning: {what}", file=sys.stderr)
+
+    def restore_pending(self, checkpoint: Path) -> None:
+        """An async resume: the resumed step's samples were made with the weights one version
+        before the checkpoint's (exact staleness 1), which no device holds any more: the
+        checkpoint kept the samples themselves. They are scored again (rewards are a function of
+        the sample) and trained on as if just generated."""
+        step, path = self.start_step, checkpoint / PENDING_SAMPLES
+        if self.kind != "async" or step >= self.cfg.run.steps or step == 0:
+            return
+        if not path.is_file():
+            raise PoiseError(f"checkpoint '{checkpoint}' has no {PENDING_SAMPLES} (a sync or colocated run, or one "
+                             "from before async resume): resume it with pipeline.mode=sync or colocated")
+        pending = decode_samples(path)
+        problems = self.source.problems(step)
+        samples = [s for s, _ in pending]
+        results = self.source.submit_scores(problems, samples).result()
+        self.reward_results.update((s.sample_id, r) for s, r in zip(samples, results))
+        self.rt.service.instance_of.update((s.sample_id, d) for s, d in pending)
+        self.generated[step] = [(s, r.value) for s, r in zip(samples, results)]
+        self.started.add(step)
 
     # --- phases --------------------------------------------------------------------------------
     def plan(self, step: int) -> StepPlan:
@@ -202,7 +332,7 @@ class Driver:
     def generate(self, step: int, problems: list[Problem], stream_to_trainer: bool = False
                  ) -> list[tuple[Sample, float]]:
         self.start_generation(step, problems)
-        return self.collect(problems, stream_to_trainer)
+        return self.collect(problems, stream_to_trainer, step=step)
 
     def start_generation(self, step: int, problems: list[Problem]) -> None:
         """Dispatch step `step`'s prompt groups over the rollout instances (once per step)."""
@@ -223,7 +353,8 @@ class Driver:
             except Exception:  # noqa: BLE001 - not lost: step `nxt` plans again and raises it there,
                 self.started.discard(nxt)  # after this step is logged and checkpointed
 
-    def collect(self, problems: list[Problem], stream_to_trainer: bool = False) -> list[tuple[Sample, float]]:
+    def collect(self, problems: list[Problem], stream_to_trainer: bool = False, step: int = -1
+                ) -> list[tuple[Sample, float]]:
         """Score every sample of the step in generation as its batch arrives (and train on it).
         Each arrived batch goes to the reward sandbox at once; batches are taken back in arrival
         order as they are scored (a fast reward within SCORE_WAIT_S), so slow rewards overlap the
@@ -231,6 +362,7 @@ class Driver:
         scored: list[tuple[Sample, float]] = []
         pending: list[tuple[list[Sample], PendingRewards]] = []
         for batch in self.rt.service.stream():
+            self.injector.at(self.rt, "generate", step)  # the fault tests: samples are in flight now
             pending.append((batch, self.source.submit_scores(problems, batch)))
             pending[-1][1].done(wait_s=SCORE_WAIT_S)
             while pending and pending[0][1].done():
@@ -251,7 +383,8 @@ class Driver:
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:
         """Wait for weights version `self.version` to reach every rollout device."""
-        seconds = max(ray.get(syncing))
+        seconds = max(faults.wait(syncing, [self.rt.leader, *self.rt.rollout_ranks], f"weight sync of step {step}",
+                                  self.cfg.cluster.step_timeout_s), default=0.0)
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
             for device, digest in zip(self.rt.rollout_ranks, rollout):
@@ -275,7 +408,8 @@ class Driver:
         k = 1.0 / self.rt.time_scale  # emulated compute: wall seconds -> the cost model's seconds
         obs = StepObservation(step, k * t_end, self.rt.split, k * (t_gen - t_start), k * (t_train - t_gen),
                               k * (t_end - t_start), lengths,
-                              round(sum(len(s.prompt_ids) for s, _ in scored) / max(1, len(scored))))
+                              round(sum(len(s.prompt_ids) for s, _ in scored) / max(1, len(scored))),
+                              sync_s=k * (t_end - t_train))
         decision = self.policy.observe(obs)
         log.event("decision", t_end, **decision.event_fields())
         if decision.action != "resize":
@@ -301,13 +435,22 @@ class Driver:
         report = finish_report(self.rt, self.pending_resize, updates)
         start, end = self.resize_wall
         log.event("resize", start, start=start, end=end, **report.event_fields())
+        self.policy.resized(report.critical_path_s / self.rt.time_scale)  # its next break-even check
         self.pending_resize = None
 
     def checkpoint(self, log: RunLog, done: int) -> None:
         run = self.cfg.run
         if done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
             log.flush()  # the events of the steps this checkpoint covers are on disk before it is
-            ray.get(self.rt.workers[self.rt.leader].save_checkpoint.remote(str(self.run_dir), done, self.version))
+            self.injector.at(self.rt, "checkpoint", done - 1)
+            extra = None
+            if done in self.generated:  # async: step `done`'s samples, made with the weights before this update
+                extra = {PENDING_SAMPLES: encode_samples([s for s, _ in self.generated[done]],
+                                                         self.rt.service.instance_of)}
+            # the absolute run.dir of the driver: a worker's working directory is not the driver's
+            leader = self.rt.workers[self.rt.leader]
+            faults.get(leader.save_checkpoint.remote(str(self.run_dir.resolve()), done, self.version, extra),
+                       self.rt.leader, f"the checkpoint after step {done - 1}", self.cfg.cluster.step_timeout_s)
             prune_checkpoints(self.run_dir, run.keep_checkpoints)
 
     # --- the log -------------------------------------------------------------------------------
@@ -412,11 +555,9 @@ def choose_split(cfg: TrainConfig, source: StepSource) -> tuple[int, int]:
 
 
 def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None) -> list[dict]:
-    if resume and cfg.pipeline.mode == "async":
-        # the resumed step's samples must come from the weights one version back, which a
-        # checkpoint does not hold yet
-        raise PoiseError("--resume of pipeline.mode=async is not supported yet; resume it with pipeline.mode=sync "
-                         "or colocated (a different trajectory from the resumed step on)")
+    if resume and cfg.scale.active:  # the joined devices are not in a checkpoint
+        raise PoiseError("--resume with scale.schedule or scale.policy=controller is not supported yet; resume with "
+                         "scale.policy=static (the same trajectory, on the pool without the joined devices)")
     run_dir = prepare_run_dir(cfg, resume)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
@@ -443,8 +584,11 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         driver = Driver(cfg, run_dir, runtime, source, policy)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
-            states = ray.get([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers])
+            states = faults.wait([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers],
+                                 list(range(len(runtime.workers))), "loading the checkpoint",
+                                 cfg.cluster.step_timeout_s)
             driver.start_step, driver.version = states[0]
+            driver.restore_pending(checkpoint)
             truncate_logs(run_dir, driver.start_step)  # no step logged twice
         with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard) as log:
             return driver.run(log)

@@ -197,3 +197,40 @@ def finish_report(rt, report: ResizeReport, updates: Sequence[dict]) -> ResizeRe
         report.staging = dict(zip(report.to_train, reports))
     report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
     return report
+
+
+def measure_resizes(model_path: str | None, devices: int, run_dir: Path) -> dict:
+    """Price live and hard resizes on this machine (`poise profile --resize`): a short real job of
+    `devices` CPU devices resizes by schedule, live at three steps and hard at two, and each mode's
+    phases are the medians over its `resize` events. The resize controller reads them from the
+    profile (CostModel.resize), so its break-even check weighs this machine's resize, not the
+    paper's 187 s."""
+    import json
+    import statistics
+
+    from poise.config import load_train_config
+    from poise.runtime.driver import train_disaggregated
+
+    half = devices // 2  # starts on an even split; resizes to both extremes and back
+    cycle = [[1, devices - 1], [devices - 1, 1], [half, devices - half]]
+    shape = ["run.progress=false", "run.checkpoint_every=0", "run.overwrite=true", "algorithm.prompts_per_step=4",
+             "algorithm.group_size=4", "algorithm.micro_batch_size=4", "algorithm.sampling.max_new_tokens=16",
+             "rollout.num_slots=8", f"cluster.devices={devices}", f"cluster.split=[{half},{devices - half}]",
+             "pipeline.mode=sync", "resize.staging_mb=0.25", *([f"model.path={model_path}"] if model_path else [])]
+    out = {}
+    for mode, resizes in (("live", 3), ("hard", 2)):
+        schedule = ", ".join(f"{{at_step: {k + 2}, split: {cycle[k % 3]}}}" for k in range(resizes))
+        mode_dir = Path(run_dir) / mode
+        cfg = load_train_config(None, [*shape, f"run.dir={mode_dir}", f"run.steps={resizes + 2}",
+                                       f"resize.mode={mode}", f"resize.schedule=[{schedule}]"])
+        train_disaggregated(cfg)
+        events = [json.loads(line) for line in (mode_dir / "events.jsonl").read_text().splitlines()]
+        found = [e for e in events if e["kind"] == "resize"]
+        if not found:
+            raise RuntimeError(f"the {mode} resize job in {mode_dir} logged no resize event")
+        out[mode] = {"n": len(found),
+                     "phases": {p: statistics.median(e["phases"][p] for e in found) for p in found[0]["phases"]},
+                     "background": {p: statistics.median(e["background"][p] for e in found)
+                                    for p in found[0].get("background", {})},
+                     "critical_path_s": [e["critical_path_s"] for e in found]}
+    return out
