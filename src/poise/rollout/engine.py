@@ -227,11 +227,11 @@ class Engine:
             budget -= need
         return admitted
 
-    def _step_packed(self) -> tuple[list[_Sequence | None], torch.Tensor]:
-        """Fast mode: the running slots' decode rows and the new prefills in one forward."""
+    def _decode_rows(self, step: StepInputs) -> tuple[StepInputs, list[_Sequence | None], list[_Sequence]]:
+        """A decode row for every running slot (in slot order), then admit queued requests; the
+        caller adds the admitted requests' prefills."""
         running = sorted(self._slots)  # before admission: these decode
         admitted = self._admissions()
-        step = StepInputs()
         rows: list[_Sequence | None] = []
         for slot in running:
             seq = self._slots[slot]
@@ -239,6 +239,11 @@ class Engine:
             step.decode_slots.append(slot)
             step.decode_tokens.append(seq.tokens[-1])
             step.decode_positions.append(seq.cached)
+        return step, rows, admitted
+
+    def _step_packed(self) -> tuple[list[_Sequence | None], torch.Tensor]:
+        """Fast mode: the running slots' decode rows and the new prefills in one forward."""
+        step, rows, admitted = self._decode_rows(StepInputs())
         for seq in admitted:  # a resumed partial re-prefills prompt + generated tokens at once
             step.prefills.append((seq.slot, seq.prompt + seq.tokens))
             rows.append(seq)
@@ -246,16 +251,7 @@ class Engine:
 
     def _step_rows(self) -> tuple[list[_Sequence | None], torch.Tensor]:
         """batch_invariant mode: as the fast mode, with batch-invariant rows (`StepInputs.row_quantum`)."""
-        running = sorted(self._slots)
-        admitted = self._admissions()
-        step = StepInputs(row_quantum=self.row_quantum)
-        rows: list[_Sequence | None] = []
-        for slot in running:
-            seq = self._slots[slot]
-            rows.append(seq)
-            step.decode_slots.append(slot)
-            step.decode_tokens.append(seq.tokens[-1])
-            step.decode_positions.append(seq.cached)
+        step, rows, admitted = self._decode_rows(StepInputs(row_quantum=self.row_quantum))
         for seq in admitted:
             # replay what a partial had: a prompt-only prefill + decode rows rebuild its exact cache
             seq.forced, seq.forced_logprobs, seq.tokens, seq.logprobs = seq.tokens, seq.logprobs, [], []

@@ -103,6 +103,17 @@ class DevicePool:
         remove_placement_group(self.group)
 
 
+def _place(cfg: ClusterConfig, count: int, what: str, fix: str) -> DevicePool:
+    """A placement group of `count` one-device bundles, or one line naming `what` and the `fix`."""
+    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
+    group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise PoiseError(f"could not place {what} within {cfg.connect_timeout_s:g} s{fix}")
+    return DevicePool(group, count)
+
+
 def device_pool(cfg: ClusterConfig) -> DevicePool:
     """Reserve one bundle per device, or fail clearly if the cluster cannot hold them."""
     resource = "GPU" if cfg.device == "cuda" else "CPU"
@@ -110,14 +121,8 @@ def device_pool(cfg: ClusterConfig) -> DevicePool:
     if have < cfg.devices:
         raise PoiseError(f"cluster.devices={cfg.devices} but the Ray cluster has {have:g} {resource}s; "
                          f"lower cluster.devices or add nodes")
-    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
-    group = placement_group([dict(bundle) for _ in range(cfg.devices)], strategy="PACK")
-    ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise PoiseError(f"could not place {cfg.devices} devices within {cfg.connect_timeout_s:g} s (other jobs "
-                         "hold the resources?); lower cluster.devices or free the cluster")
-    return DevicePool(group, cfg.devices)
+    return _place(cfg, cfg.devices, f"{cfg.devices} devices",
+                  " (other jobs hold the resources?); lower cluster.devices or free the cluster")
 
 
 def reserve_pool(cfg: ClusterConfig) -> DevicePool | None:
@@ -126,14 +131,8 @@ def reserve_pool(cfg: ClusterConfig) -> DevicePool | None:
     if not cfg.reserve_devices:
         return None
     resource = "GPU" if cfg.device == "cuda" else "CPU"
-    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
-    group = placement_group([dict(bundle) for _ in range(cfg.reserve_devices)], strategy="PACK")
-    ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise PoiseError(f"could not place cluster.reserve_devices={cfg.reserve_devices} more {resource}s within "
-                         f"{cfg.connect_timeout_s:g} s; lower cluster.reserve_devices or add nodes")
-    return DevicePool(group, cfg.reserve_devices)
+    return _place(cfg, cfg.reserve_devices, f"cluster.reserve_devices={cfg.reserve_devices} more {resource}s",
+                  "; lower cluster.reserve_devices or add nodes")
 
 
 def rendezvous_key() -> str:

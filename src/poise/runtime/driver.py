@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Protocol, Sequence
 
-import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from poise.config import TrainConfig
