@@ -434,7 +434,11 @@ class Driver:
         report = finish_report(self.rt, self.pending_resize, updates)
         start, end = self.resize_wall
         log.event("resize", start, start=start, end=end, **report.event_fields())
-        self.policy.resized(report.critical_path_s / self.rt.time_scale)  # its next break-even check
+        if self.cfg.cluster.compute == "real":
+            # its next break-even check prices the resize this job measured. Not under emulated
+            # compute: there the scenario's price stands, as in the simulator, whose decisions the
+            # emulated run reproduces (its switching devices sleep only Poise's own phases)
+            self.policy.resized(report.critical_path_s)
         self.pending_resize = None
 
     def checkpoint(self, log: RunLog, done: int) -> None:
