@@ -225,6 +225,10 @@ class ClusterConfig:
                                               "arrives (a generation with no finished sample or engine step, a "
                                               "micro-batch, an update, a weight sync, a checkpoint) and of gloo "
                                               "collectives; a device silent that long stops the run with one line")
+    storage: Literal["auto", "shared", "driver"] = help_field(
+        "auto", "how devices reach the driver's run.dir for checkpoints: auto probes each Ray node (one that "
+                "does not see run.dir sends and receives checkpoints through the driver), shared trusts every "
+                "node to see it, driver sends every checkpoint byte through the driver")
     max_recoveries: int = help_field(3, "worker deaths a run survives (each: the dead actor replaced, the state "
                                         "restored from a surviving train device, the step run again); 0: stop "
                                         "at the first")

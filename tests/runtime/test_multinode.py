@@ -4,7 +4,9 @@ A local run keeps every listening socket on loopback: the Ray daemons, the devic
 torch.distributed store (bound to device 0's node address, not all interfaces) and gloo, probed
 from /proc all through the sync 2+2 run. The same run on Ray's multi-node test cluster (2 nodes of
 2 CPUs on this machine, so the 4 devices span both) ends with the same samples and the same model
-and optimizer bytes, and joining that cluster, which has no token authentication, warns.
+and optimizer bytes, and joining that cluster, which has no token authentication, warns. There every
+checkpoint goes through the driver (cluster.storage=driver: a node that does not see run.dir), and a
+copy of that run resumed from step 2, its checkpoint pushed to every device, ends the same too.
 """
 
 import json
@@ -51,7 +53,12 @@ def test_a_run_over_two_ray_nodes_equals_the_run_on_one(ray_session, tmp_path, t
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"nodes": 2, "cpus_per_node": [2, 2]}
     assert "joined the Ray cluster at" in proc.stderr and "without token authentication" in proc.stderr
+    assert proc.stderr.count("go through the driver") >= 2, proc.stderr[-4000:]  # both nodes, run and resume
+    assert not list(Path(tempfile.gettempdir()).glob("poise-stage-*"))  # staging copies removed
     got = read_run(run_dir)
     got.assert_learned(warm_start)
     got.assert_bitwise_equal(straight, "2 Ray nodes vs 1")
     assert_logged_once(got)
+    resumed = read_run(Path(f"{run_dir}-resumed"))
+    resumed.assert_bitwise_equal(straight, "resumed on 2 Ray nodes vs straight on 1")
+    assert_logged_once(resumed)

@@ -33,6 +33,7 @@ from poise.policy.split import Split
 from poise.rewards.functions import resolve_functions
 from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, truncate_logs
+from poise.runtime.storage import CheckpointStore
 from poise.runlog import RunLog
 from poise.runtime import faults
 from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
@@ -67,10 +68,14 @@ class Runtime:
     """The job's devices, roles, communicators, and the two services over them."""
 
     def __init__(self, cfg: TrainConfig, split: tuple[int, int], source: StepSource, dispatcher=None,
-                 emulation=None):
+                 emulation=None, run_dir: Path | None = None):
         self.cfg = cfg
         c, algo = cfg.cluster, cfg.algorithm
         connect(c)
+        # checkpoints in the driver's run.dir, through the driver for a node that does not see it;
+        # an emulated device writes no files
+        self.store = CheckpointStore(run_dir or Path(cfg.run.dir), "shared" if emulation is not None else c.storage,
+                                     c.step_timeout_s, self)
         self.pool = device_pool(c)
         self.reserve = reserve_pool(c)  # devices that may join as rollout instances (runtime/scale.py)
         self.joined: list[int] = []  # reserve devices that joined: rollout instances from then on
@@ -450,10 +455,9 @@ class Driver:
             if done in self.generated:  # async: step `done`'s samples, made with the weights before this update
                 extra = {PENDING_SAMPLES: encode_samples([s for s, _ in self.generated[done]],
                                                          self.rt.service.instance_of)}
-            # the absolute run.dir of the driver: a worker's working directory is not the driver's
-            leader = self.rt.workers[self.rt.leader]
-            faults.get(leader.save_checkpoint.remote(str(self.run_dir.resolve()), done, self.version, extra),
-                       self.rt.leader, f"the checkpoint after step {done - 1}", self.cfg.cluster.step_timeout_s)
+            # the driver's run.dir: written there by the leader, or through the driver (runtime/storage.py)
+            self.rt.store.save(self.rt.leader, self.rt.workers[self.rt.leader], self.run_dir, done, self.version,
+                               extra, f"the checkpoint after step {done - 1}")
             prune_checkpoints(self.run_dir, run.keep_checkpoints)
 
     # --- the log -------------------------------------------------------------------------------
@@ -582,14 +586,16 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     if not resume:
         dump(cfg, run_dir / "config.yaml")
     policy = resize_policy(cfg, emulation.cost if emulation is not None else None)  # a bad profile fails here
-    runtime = Runtime(cfg, split, source, dispatcher, emulation)
+    runtime = Runtime(cfg, split, source, dispatcher, emulation, run_dir)
     try:
         driver = Driver(cfg, run_dir, runtime, source, policy)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
-            states = faults.wait([w.load_checkpoint.remote(str(checkpoint)) for w in runtime.workers],
+            states = faults.wait([w.load_checkpoint.remote(runtime.store.readable(d, w, checkpoint))
+                                  for d, w in enumerate(runtime.workers)],
                                  list(range(len(runtime.workers))), "loading the checkpoint",
                                  cfg.cluster.step_timeout_s)
+            runtime.store.release()
             driver.start_step, driver.version = states[0]
             driver.restore_pending(checkpoint)
             truncate_logs(run_dir, driver.start_step)  # no step logged twice

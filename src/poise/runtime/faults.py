@@ -190,10 +190,9 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     saves = {source: (scratch / "train", version)}
     if rollout_source != source:
         saves[rollout_source] = (scratch / "rollout", rollout_version)
-    try:
-        paths = dict(zip(saves, wait([rt.workers[d].save_checkpoint.remote(str(where), step, v)
-                                      for d, (where, v) in saves.items()], list(saves),
-                                     f"step {step}: saving the surviving replica", timeout_s, rt)))
+    try:  # into the driver's run.dir, through the driver for a node that does not see it (runtime/storage.py)
+        paths = {d: rt.store.save(d, rt.workers[d], where, step, v, what=f"step {step}: saving the surviving replica")
+                 for d, (where, v) in saves.items()}
     except WorkerLost as e:
         raise RunFailure(unrecoverable(rt, dead + e.devices, step, run_dir, "a survivor died while it was saved")
                          ) from None
@@ -201,8 +200,11 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     stop_workers(rt.workers, PROBE_S)
     rt.start(split, rt.transitions)
     path_of = [paths[rollout_source] if d in rollout_ranks else paths[source] for d in range(len(rt.workers))]
-    states = wait([w.load_checkpoint.remote(p) for w, p in zip(rt.workers, path_of)], list(range(len(rt.workers))),
-                  f"step {step}: restoring the surviving replica", timeout_s, rt)
+    what = f"step {step}: restoring the surviving replica"
+    states = wait([w.load_checkpoint.remote(rt.store.readable(d, w, p, what))
+                   for d, (w, p) in enumerate(zip(rt.workers, path_of))], list(range(len(rt.workers))), what,
+                  timeout_s, rt)
+    rt.store.release()
     shutil.rmtree(scratch, ignore_errors=True)
     want = [rollout_version if d in rollout_ranks else version for d in range(len(rt.workers))]
     if [v for _, v in states] != want:

@@ -163,8 +163,8 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
         time.sleep(rt.emulation_cost.resize("hard").critical_path_s * rt.time_scale)  # export + restore
         path = None
     else:
-        path = ray.get(rt.workers[rt.leader].save_checkpoint.remote(str(Path(run_dir) / "resize-hard"), step + 1,
-                                                                     version))
+        path = rt.store.save(rt.leader, rt.workers[rt.leader], Path(run_dir) / "resize-hard", step + 1, version,
+                             what=f"the hard resize after step {step}")
     report.phases["checkpoint"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -177,7 +177,8 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
 
     t = time.perf_counter()
     if path is not None:
-        states = ray.get([w.load_checkpoint.remote(path) for w in rt.workers])
+        states = ray.get([w.load_checkpoint.remote(rt.store.readable(d, w, path)) for d, w in enumerate(rt.workers)])
+        rt.store.release()
         if {v for _, v in states} != {version}:
             raise RuntimeError(f"hard resize: reloaded weights versions {sorted({v for _, v in states})}, "
                                f"expected {version}")

@@ -18,6 +18,7 @@ from typing import Literal
 import ray
 
 from poise.runtime.roles import EngineLoop
+from poise.runtime.storage import FileEndpoint
 
 Role = Literal["rollout", "train", "idle"]
 
@@ -40,7 +41,7 @@ class WorkerSpec:
 
 
 @ray.remote
-class DeviceWorker:
+class DeviceWorker(FileEndpoint):
     def __init__(self, rank: int, world_size: int, rendezvous: str, spec: WorkerSpec):
         self.rank = rank
         self.role: Role = "idle"

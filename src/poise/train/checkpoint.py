@@ -63,12 +63,7 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     with the others."""
     from poise.model.loading import save_hf_weights
 
-    root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    remove_partial(root)  # what a killed save or deletion left
-    path = checkpoint_dir(run_dir, state.step)
-    tmp = root / f"{PARTIAL_PREFIX}{path.name}-{os.getpid()}"
-    tmp.mkdir()
+    tmp = begin_checkpoint(run_dir, state.step)
     save_hf_weights(model, tmp)
     _test_kill("model", state.step)
     names = {p: n for n, p in model.named_parameters()}
@@ -88,14 +83,33 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     (tmp / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
                                                 "torch_rng": rng, "files": sizes}) + "\n")
     _test_kill("state", state.step)
-    for name in [*CHECKPOINT_FILES, *(extra or {})]:
-        _fsync(tmp / name)
+    return commit_checkpoint(tmp, run_dir, state.step)
+
+
+def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
+    """The temporary directory a checkpoint of `step` is written into (`commit_checkpoint` makes
+    it one); what killed saves left is removed first."""
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    remove_partial(root)  # what a killed save or deletion left
+    tmp = root / f"{PARTIAL_PREFIX}{checkpoint_dir(run_dir, step).name}-{os.getpid()}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit_checkpoint(tmp: Path, run_dir: str | Path, step: int) -> Path:
+    """Fsync every file of `tmp` and the directory, rename it to `step_XXXXXX` and point `latest`
+    at it; returns the checkpoint's path."""
+    root = Path(run_dir) / "checkpoints"
+    path = checkpoint_dir(run_dir, step)
+    for entry in sorted(tmp.iterdir()):
+        _fsync(entry)
     _fsync(tmp)
     if path.exists():  # a torn or older save of this step, past the checkpoint a resume started from
         _discard(path)
     os.rename(tmp, path)
     _fsync(root)
-    _write_marker(root, path.name, state.step)
+    _write_marker(root, path.name, step)
     return path
 
 
@@ -133,15 +147,17 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
                      "start a fresh run (drop --resume, or set run.overwrite=true)")
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None if checkpoint `path` is complete, else what is wrong with it, in a few words.
+def verify_checkpoint(path: Path, step: int | None = None) -> str | None:
+    """None if checkpoint `path` is complete, else what is wrong with it, in a few words. `step`:
+    the step it must describe (default: the one its `step_XXXXXX` name says).
 
     Cheap but real: state.json parses and names this step, config.json parses, and each
     safetensors file's header parses, covers the file exactly and has the size state.json records.
     """
     try:
         meta = json.loads((path / "state.json").read_text())
-        step = int(STEP_DIR.fullmatch(path.name).group(1))
+        if step is None:
+            step = int(STEP_DIR.fullmatch(path.name).group(1))
         if not isinstance(meta, dict) or meta.get("step") != step or "torch_rng" not in meta:
             return "state.json does not describe this step"
         json.loads((path / "config.json").read_text())
