@@ -1,6 +1,7 @@
 """Output-length rankers on held-out prompts (issue 14 item 4; StreamRL §5.2, Table 4: 87% recall).
 
     .venv/bin/python benchmarks/rankers.py [--seeds 0 1 2] [--steps 40] [--sample-sigma 0.35] [--jobs 3]
+        [--only lm ...] [--lm FIELD=VALUE ...]
 
 Workload ("codemath"): reasoning-style prompts in text, generated here. Seven task families, each
 with two or three phrasings (so the task word is not always first); the expected output length is
@@ -20,7 +21,9 @@ learns online from each step's finished samples (observe), then ranks HELD-OUT p
 one sample per prompt (StreamRL's ground truth was one response per prompt). Also: recall on
 SEEN prompts (512 from the stream, fresh samples), what recurring prompts in later epochs get.
 The oracle knows each prompt's expected length: the ceiling the per-sample noise leaves.
-Time: ms per scores() call (the LM trains inside it: bounded by its max_updates).
+Time: ms per scores() call (the LM trains inside it: bounded by its max_updates). For the lm
+ranker also the log-length RMSE of its held-out predictions per task family; `--lm` sets its
+LMRankerConfig fields (the ablations in BENCHMARKS.md), `--only` runs a subset of the rankers.
 
 Writes bench-results/rankers-<timestamp>.json.
 """
@@ -28,14 +31,16 @@ Writes bench-results/rankers-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
+from typing import Sequence
 
 from results import write_results  # benchmarks/results.py
-from poise.model.length_ranker import LMRanker
+from poise.model.length_ranker import LMRanker, LMRankerConfig
 from poise.policy.rankers import Finished, Prompt, make_ranker, recall_at
 from poise.policy.seeds import stable_seed
 
@@ -48,8 +53,8 @@ def _num(rng: random.Random, digits: int) -> int:
     return rng.randint(10 ** (digits - 1) if digits > 1 else 0, 10 ** digits - 1)
 
 
-def make_prompt(rng: random.Random, uid: str) -> tuple[Prompt, float]:
-    """One codemath prompt and its expected output length in tokens."""
+def make_prompt(rng: random.Random, uid: str) -> tuple[Prompt, float, str]:
+    """One codemath prompt, its expected output length in tokens and its task family."""
     family = rng.choices(["add", "mul", "sort", "primes", "summarise", "prove", "arith"],
                          [0.2, 0.15, 0.15, 0.1, 0.15, 0.05, 0.2])[0]
     if family == "add":
@@ -89,17 +94,19 @@ def make_prompt(rng: random.Random, uid: str) -> tuple[Prompt, float]:
     style, factor = rng.choice(STYLES)
     prefix = rng.choice(["", "", f"q{rng.randint(1, 999)}: ", f"problem {rng.randint(1, 999)}. "])
     text = prefix + body + style
-    return Prompt(uid, text, tokens=len(text)), min(MAX_LEN, mean * factor)
+    return Prompt(uid, text, tokens=len(text)), min(MAX_LEN, mean * factor), family
 
 
 def sample_lengths(rng: random.Random, mean: float, sigma: float, n: int) -> list[int]:
     return [min(MAX_LEN, max(1, round(mean * rng.lognormvariate(0.0, sigma)))) for _ in range(n)]
 
 
-def run_seed(seed: int, steps: int, sigma: float) -> dict:
+def run_seed(seed: int, steps: int, sigma: float, lm: dict, rankers: Sequence[str] = RANKERS) -> dict:
     rng = random.Random(stable_seed("codemath", seed))
     train = [make_prompt(rng, f"t{i:06d}") for i in range(steps * PER_STEP)]
     held = [make_prompt(rng, f"h{i:06d}") for i in range(HELD_OUT)]
+    family = {p.prompt_id: f for p, _, f in train + held}
+    train, held = [(p, m) for p, m, _ in train], [(p, m) for p, m, _ in held]
     seen = train[:HELD_OUT]
     expected = {p.prompt_id: m for p, m in train + held}
     noise = random.Random(stable_seed("codemath-samples", seed))
@@ -112,8 +119,8 @@ def run_seed(seed: int, steps: int, sigma: float) -> dict:
         truth[name] = {"observed": [sum(g) / len(g) for g in groups], "expected": [m for _, m in prompts],
                        "one_sample": [g[0] for g in groups]}
     rows = {}
-    for name in RANKERS:
-        ranker = (LMRanker(stable_seed("ranker", seed)) if name == "lm" else
+    for name in rankers:
+        ranker = (LMRanker(stable_seed("ranker", seed), LMRankerConfig(**lm)) if name == "lm" else
                   make_ranker(name, random.Random(stable_seed("ranker", seed)), lambda p: expected[p.prompt_id]))
         score_ms: list[float] = []
         t0 = time.perf_counter()
@@ -132,8 +139,26 @@ def run_seed(seed: int, steps: int, sigma: float) -> dict:
                 row[f"{split}_{kind}"] = statistics.mean(
                     recall_at(scores[i:i + PER_STEP], lengths[i:i + PER_STEP], 0.2)
                     for i in range(0, len(prompts), PER_STEP))
+            if split == "held":  # how far off each family's predictions are: log-length RMSE vs expected
+                errors: dict[str, list[float]] = {}
+                for (p, m), score in zip(prompts, scores):
+                    errors.setdefault(family[p.prompt_id], []).append(math.log1p(max(score, 0.0)) - math.log1p(m))
+                row["held_rmse_by_family"] = {f: math.sqrt(statistics.mean(e * e for e in errs))
+                                              for f, errs in sorted(errors.items())}
         rows[name] = row
     return rows
+
+
+def parse_lm(pairs: Sequence[str]) -> dict:
+    """--lm FIELD=VALUE ... -> LMRankerConfig keyword arguments, each cast to its field's type."""
+    types = {f.name: f.type for f in dataclasses.fields(LMRankerConfig)}
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in types or not value:
+            raise SystemExit(f"rankers.py: --lm {pair!r}: give FIELD=VALUE with FIELD one of {', '.join(types)}")
+        out[name] = float(value) if types[name] in (float, "float") else int(value)
+    return out
 
 
 def main() -> int:
@@ -142,18 +167,23 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40, help="training steps of 64 prompts x 8 samples")
     ap.add_argument("--sample-sigma", type=float, default=0.35, help="lognormal sigma of a sample around its prompt")
     ap.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (each pins 1 torch thread)")
+    ap.add_argument("--lm", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="LMRankerConfig fields for the lm ranker, e.g. digit_places=0 updates_per_prompt=1")
+    ap.add_argument("--only", nargs="*", default=list(RANKERS), choices=RANKERS, help="rankers to run")
     args = ap.parse_args()
+    lm = parse_lm(args.lm)
+    rankers = [n for n in RANKERS if n in args.only]
     t0 = time.perf_counter()
     per_seed = {}
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {seed: pool.submit(run_seed, seed, args.steps, args.sample_sigma) for seed in args.seeds}
+        futures = {seed: pool.submit(run_seed, seed, args.steps, args.sample_sigma, lm, rankers) for seed in args.seeds}
         for seed, fut in futures.items():
             per_seed[seed] = fut.result()
             print(f"seed {seed}: " + "  ".join(f"{n} {r['held_observed']:.3f}" for n, r in per_seed[seed].items()),
                   flush=True)
     keys = ("held_observed", "held_expected", "held_one_sample", "seen_observed", "score_ms_mean", "score_ms_max")
     summary = {}
-    for name in RANKERS:
+    for name in rankers:
         summary[name] = {}
         for k in keys:
             vals = [per_seed[s][name][k] for s in args.seeds]
@@ -163,16 +193,21 @@ def main() -> int:
           f"{args.sample_sigma}, seeds {args.seeds}; recall@20% mean [min, max]")
     print(f"{'ranker':<8} {'held-out (group mean)':>22} {'held-out (expected)':>20} {'held-out (1 sample)':>20} "
           f"{'seen (group mean)':>20} {'ms/scores()':>12}")
-    for name in RANKERS:
+    for name in rankers:
         s = summary[name]
         cell = lambda k: f"{s[k]['mean']:.3f} [{s[k]['min']:.2f},{s[k]['max']:.2f}]"  # noqa: E731
         print(f"{name:<8} {cell('held_observed'):>22} {cell('held_expected'):>20} {cell('held_one_sample'):>20} "
               f"{cell('seen_observed'):>20} {s['score_ms_mean']['mean']:>12.1f}")
+    if "lm" in rankers:
+        families = list(per_seed[args.seeds[0]]["lm"]["held_rmse_by_family"])
+        print(f"\nlm ranker ({lm or 'defaults'}): held-out log-length RMSE vs expected, by family, mean over seeds")
+        print("  ".join(f"{f} {statistics.mean(per_seed[s]['lm']['held_rmse_by_family'][f] for s in args.seeds):.3f}"
+                        for f in families))
     wall = time.perf_counter() - t0
     print(f"\n({wall:.1f} s wall)")
     write_results("rankers", {"workload": "codemath", "steps": args.steps, "prompts_per_step": PER_STEP,
                               "group_size": GROUP, "held_out": HELD_OUT, "sample_sigma": args.sample_sigma,
-                              "seeds": args.seeds, "summary": summary, "per_seed": per_seed, "wall_s": wall})
+                              "seeds": args.seeds, "lm_config": lm, "summary": summary, "per_seed": per_seed, "wall_s": wall})
     return 0
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 import torch
 
 from poise.errors import ConfigError
-from poise.model.length_ranker import LMRanker, LMRankerConfig, torch_rankers
+from poise.model.length_ranker import LMRanker, LMRankerConfig, _digit_places, torch_rankers
 from poise.policy.cost import CostModel
 from poise.policy.dispatch import DispatchConfig, InstanceInfo, build_dispatch
 from poise.policy.rankers import Finished, Prompt, RandomRanker, make_ranker, recall_at
@@ -147,3 +148,24 @@ def test_simulator_refuses_lm_in_one_line():
     with pytest.raises(ConfigError, match="needs torch") as e:
         Simulation(load_scenario("streamrl-skew", ["dispatch.ranker=lm", "steps=1"]))
     assert "\n" not in str(e.value)
+
+
+def test_digit_places_count_from_the_units():
+    assert _digit_places("q17: add 1234 and 5.", 16) == [0, 2, 1, 0, 0, 0, 0, 0, 0, 4, 3, 2, 1, 0, 0, 0, 0, 0, 1, 0]
+    assert _digit_places("12345", 3) == [3, 3, 3, 2, 1]  # capped
+    assert _digit_places("12345", 0) == [0] * 5  # off
+
+
+def test_predictions_use_the_averaged_weights():
+    """With averaging the prediction differs from the last weights' own; without, it is theirs."""
+    stream = _stream(0, 2)
+    prompts, _ = _held_out(0, 32)
+    averaged, last = LMRanker(1, SMALL), LMRanker(1, replace(SMALL, average=0.0))
+    for r in (averaged, last):
+        _train(r, stream)
+    assert averaged.updates == last.updates > 10
+    a, b = averaged.scores(prompts), last.scores(prompts)
+    assert a != b
+    for p, avg in zip(averaged._model.parameters(), averaged._avg):  # the live weights are not the average
+        assert p.shape == avg.shape
+    assert any(not torch.equal(p, avg) for p, avg in zip(averaged._model.parameters(), averaged._avg))
