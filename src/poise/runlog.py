@@ -57,7 +57,7 @@ class TensorBoardSink:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise PoiseError(f"run.tensorboard needs torch and the tensorboard package ({e}); "
-                             "pip install tensorboard, or set run.tensorboard=false") from None
+                             "pip install 'poise[tensorboard]' (or tensorboard), or set run.tensorboard=false") from None
         self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def write(self, row: dict[str, Any]) -> None:

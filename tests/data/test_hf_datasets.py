@@ -138,3 +138,10 @@ def test_gsm8k_sample_and_its_config():
         pytest.skip("the `reward` config section is not built yet: configs/gsm8k.yaml cannot load")
     cfg = load_train_config(root / "configs" / "gsm8k.yaml", [f"data.dataset={sample}"])
     check_prompts(cfg.data, cfg.model, 0, cfg.rollout.max_context, cfg.algorithm.sampling.max_new_tokens)
+
+
+def test_a_saved_dataset_without_the_datasets_package_names_the_extra(tmp_path, monkeypatch):
+    path = _write("saved", tmp_path)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what a core install (no [data] extra) has
+    with pytest.raises(DataError, match=r"needs the datasets package: pip install 'poise\[data\]'"):
+        load_dataset(str(path))

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install tensorboard, or set "
+        raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
                          "run.tensorboard=false")
     if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
         from poise.data.prompts import check_prompts

@@ -67,7 +67,11 @@ def load_parquet(path: Path, prompt_key: str = "prompt", answer_key: str = "answ
 
 def load_saved(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
     """A `datasets` save_to_disk directory: a Dataset, or a DatasetDict's `train` (or only) split."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: a `datasets` save_to_disk directory needs the datasets package: "
+                        "pip install 'poise[data]' (or datasets), or give a .jsonl or .parquet file") from None
 
     try:
         ds = datasets.load_from_disk(str(path))
