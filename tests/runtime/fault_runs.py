@@ -15,19 +15,11 @@ from contextlib import contextmanager
 
 from poise.config import load_train_config
 
+from run_shapes import GROUP, PROMPTS, tiny_job
+
 STEPS = 3
-PROMPTS, GROUP = 4, 4
 TINY = [
-    "run.progress=false",
-    "run.log_tokens=true",
-    f"run.steps={STEPS}",
-    "run.checkpoint_every=1",
-    f"algorithm.prompts_per_step={PROMPTS}",
-    f"algorithm.group_size={GROUP}",
-    "algorithm.micro_batch_size=3",  # 16 samples -> 6 uneven micro-batches over the 2 train devices
-    "algorithm.sampling.max_new_tokens=12",
-    "rollout.num_slots=8",
-    "cluster.devices=4",
+    *tiny_job(STEPS),  # 6 uneven micro-batches over the 2 train devices
     "cluster.split=[2,2]",
     "run.verify_sync=true",
 ]

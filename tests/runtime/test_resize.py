@@ -12,21 +12,13 @@ from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.train.colocated import train_colocated
 
+from run_shapes import GROUP, PROMPTS, tiny_job
+
 pytestmark = pytest.mark.ray
 
 STEPS = 8
-PROMPTS, GROUP = 4, 4
 TINY = [
-    "run.progress=false",
-    "run.log_tokens=true",
-    f"run.steps={STEPS}",
-    "run.checkpoint_every=1",
-    f"algorithm.prompts_per_step={PROMPTS}",
-    f"algorithm.group_size={GROUP}",
-    "algorithm.micro_batch_size=3",  # 16 samples -> 6 uneven micro-batches over 1, 2 or 3 train devices
-    "algorithm.sampling.max_new_tokens=12",
-    "rollout.num_slots=8",
-    "cluster.devices=4",
+    *tiny_job(STEPS),  # 6 uneven micro-batches over 1, 2 or 3 train devices
     "run.verify_sync=true",
     "resize.staging_mb=0.05",  # the optimizer state (~0.6 MB) streams in ~12 chunks across tensor boundaries
 ]

@@ -18,22 +18,12 @@ from poise.policy.dispatch import DispatchPlan, RoundRobinDispatcher
 from poise.runtime.driver import train_disaggregated
 from poise.train.colocated import train_colocated
 
+from run_shapes import GROUP, PROMPTS, tiny_job
+
 pytestmark = pytest.mark.ray
 
 STEPS = 3
-PROMPTS, GROUP = 4, 4
-TINY = [
-    "run.progress=false",
-    "run.log_tokens=true",
-    f"run.steps={STEPS}",
-    "run.checkpoint_every=1",  # a checkpoint per step: weights must move, and match, at every one
-    f"algorithm.prompts_per_step={PROMPTS}",
-    f"algorithm.group_size={GROUP}",
-    "algorithm.micro_batch_size=3",  # 16 samples -> 6 uneven micro-batches
-    "algorithm.sampling.max_new_tokens=12",
-    "rollout.num_slots=8",
-    "cluster.devices=4",
-]
+TINY = tiny_job(STEPS)
 RUNTIME = ["run.verify_sync=true"]  # every rollout device's weights digest checked after each sync
 # Each split sums a different set of aligned tree nodes, so a wrong reduction order shows in some
 # splits only: summing the gathered nodes left to right equals the tree order for 1+3 and 3+1 with
