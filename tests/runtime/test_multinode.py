@@ -45,6 +45,7 @@ def test_a_run_over_two_ray_nodes_equals_the_run_on_one(ray_session, tmp_path, t
     # this session's Ray turned token authentication on in our environment; the test cluster has none
     env |= {"RAY_TMPDIR": str(ray_tmp), "RAY_AUTH_MODE": "disabled"}
     run_dir = tmp_path / "two-nodes"
+    stages = set(Path(tempfile.gettempdir()).glob("poise-stage-*"))  # left by anything before this test
     try:
         proc = subprocess.run([sys.executable, str(script), str(run_dir), *warm_start.overrides], capture_output=True,
                               text=True, env=env, timeout=1200)
@@ -54,7 +55,7 @@ def test_a_run_over_two_ray_nodes_equals_the_run_on_one(ray_session, tmp_path, t
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"nodes": 2, "cpus_per_node": [2, 2]}
     assert "joined the Ray cluster at" in proc.stderr and "without token authentication" in proc.stderr
     assert proc.stderr.count("go through the driver") >= 2, proc.stderr[-4000:]  # both nodes, run and resume
-    assert not list(Path(tempfile.gettempdir()).glob("poise-stage-*"))  # staging copies removed
+    assert set(Path(tempfile.gettempdir()).glob("poise-stage-*")) == stages  # its staging copies removed
     got = read_run(run_dir)
     got.assert_learned(warm_start)
     got.assert_bitwise_equal(straight, "2 Ray nodes vs 1")

@@ -138,7 +138,7 @@ class CheckpointStore:
                 raise faults.RunFailure(f"{what}: the checkpoint device {device} sent is incomplete ({problem})")
             path = commit_checkpoint(tmp, run_dir, step)
         finally:
-            worker.remove_stage.remote(stage)  # best effort: a dead device's node cleans /tmp itself
+            _remove_stages([(worker, stage)])
         self.pulled += 1
         return path
 
@@ -165,6 +165,15 @@ class CheckpointStore:
 
     def release(self) -> None:
         """Remove the staging copies of loaded checkpoints."""
-        for worker, stage in self._staged:
-            worker.remove_stage.remote(stage)
+        _remove_stages(self._staged)
         self._staged.clear()
+
+
+def _remove_stages(stages: list[tuple[object, str]], timeout_s: float = 30.0) -> None:
+    """Remove staging directories and wait for it, briefly: best effort, since a device that died
+    cannot remove its own (its node's /tmp keeps it)."""
+    refs = [worker.remove_stage.remote(stage) for worker, stage in stages]
+    try:
+        ray.get(refs, timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - a dead or hung device: the run goes on without the clean-up
+        pass
