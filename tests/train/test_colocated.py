@@ -98,3 +98,17 @@ def test_metrics_and_events_follow_the_run_log_format(reference):
         if e["kind"] == "sample":
             assert len(e["tokens"]) == len(e["logprobs"]) == e["output_length"] >= 1, e
             assert all(isinstance(x, float) and x <= 0 for x in e["logprobs"]), e
+
+
+def test_bitwise_threads_set_deterministic_algorithms_without_the_compiler():
+    """pin_threads(bitwise) turns torch's deterministic algorithms on (warn only) in a fresh process,
+    and does not import torch._inductor as torch.use_deterministic_algorithms would (~2 s, ~70 MB
+    for every device process)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from poise.train.setup import pin_threads; pin_threads(1, True); "
+            "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
+            " 'torch._inductor' in sys.modules, torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "False", "1"], out

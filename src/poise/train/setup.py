@@ -19,7 +19,19 @@ def pin_threads(threads: int, bitwise: bool) -> None:
     """Fixed torch threads per device: bitwise mode needs the same reduction order every run."""
     torch.set_num_threads(threads)
     if bitwise:
+        _deterministic_algorithms()
+
+
+def _deterministic_algorithms() -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=True)` without its import of
+    torch._inductor (to set the compiler's flag too), which costs every device process ~2 s and
+    ~70 MB; Poise compiles nothing, so the eager flag is the whole setting. The public call where
+    this torch lacks the private one."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
         torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        setter(True, warn_only=True)
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:
