@@ -33,13 +33,13 @@ from poise.policy.split import Split
 from poise.rewards.functions import resolve_functions
 from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, truncate_logs
-from poise.runtime.storage import CheckpointStore
 from poise.runlog import RunLog
 from poise.runtime import faults
 from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize, prewarm_rank_sets
 from poise.runtime.scale import ScaleOut, scale_rank_sets
 from poise.runtime.service import StreamGenerationService
+from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import DeviceWorker, WorkerSpec
 from poise.schema import dump
