@@ -2,7 +2,7 @@
 
 import json
 
-from cli_checks import assert_one_line_error, poise  # tests/cli/cli_checks.py
+from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 
 
 def test_unknown_config_key(tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_checks import assert_one_line_error, poise  # tests/cli/cli_checks.py
+from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 
 
 def _model_dir(path: Path, *files: str) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cli_checks import assert_one_line_error, poise
+from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 
 
 def test_resize_job_needs_four_devices(tmp_path):

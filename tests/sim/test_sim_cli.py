@@ -3,47 +3,34 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-
-def poise(*args):
-    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, timeout=120)
-
-
-def one_line_error(result, *fragments):
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [x for x in result.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("poise: error: "), result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
+from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 
 
 def test_unknown_scenario():
-    one_line_error(poise("simulate", "dynaresize-9xh20"), "unknown scenario 'dynaresize-9xh20'",
-                   "dynaresize-8xh20")
+    assert_one_line_error(poise("simulate", "dynaresize-9xh20"), "unknown scenario 'dynaresize-9xh20'",
+                          "dynaresize-8xh20")
 
 
 def test_split_with_zero_devices_in_a_role():
-    one_line_error(poise("simulate", "dynaresize-8xh20", "split=[8,0]"), "split", "train has 0 devices")
+    assert_one_line_error(poise("simulate", "dynaresize-8xh20", "split=[8,0]"), "split", "train has 0 devices")
 
 
 def test_negative_cooldown():
-    one_line_error(poise("simulate", "dynaresize-8xh20", "controller.cooldown_steps=-3"),
-                   "controller.cooldown_steps", "got -3")
+    assert_one_line_error(poise("simulate", "dynaresize-8xh20", "controller.cooldown_steps=-3"),
+                          "controller.cooldown_steps", "got -3")
 
 
 def test_trace_with_negative_length(tmp_path):
     trace = tmp_path / "bad.jsonl"
     trace.write_text(json.dumps({"prompt_id": "a", "step": 0, "output_length": 12}) + "\n"
                      + json.dumps({"prompt_id": "b", "step": 0, "output_length": -5}) + "\n")
-    one_line_error(poise("simulate", "streamrl-skew", f"workload.trace={trace}", f"--out={tmp_path}/run"),
-                   "bad.jsonl:2", "output_length -5")
+    assert_one_line_error(poise("simulate", "streamrl-skew", f"workload.trace={trace}", f"--out={tmp_path}/run"),
+                          "bad.jsonl:2", "output_length -5")
 
 
 def test_report_of_a_missing_run(tmp_path):
-    one_line_error(poise("report", str(tmp_path / "nothing")), "not a run directory")
+    assert_one_line_error(poise("report", str(tmp_path / "nothing")), "not a run directory")
 
 
 def test_simulate_plan_sweep_report_end_to_end(tmp_path):

@@ -3,11 +3,9 @@ streamrl-crossdc; benchmarks/sim_hetero.py prints the full tables)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
+from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 from poise.sim import load_scenario, simulate
 from poise.sim.driver import Simulation
 
@@ -66,30 +64,17 @@ def test_streamrl_crossdc_sync_crosses_the_link_and_async_hides_most_of_it():
     assert exposed_sync == pytest.approx(slow[0] * 7 / 8, rel=0.02)  # sync waits for all of it (steps 1..7)
 
 
-def poise(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "poise", *args], capture_output=True, text=True, timeout=120)
-
-
-def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = [x for x in result.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("poise: error: "), result.stderr
-    for f in fragments:
-        assert f in lines[0], lines[0]
-
-
 @pytest.mark.parametrize("command", ["simulate", "plan"])
 def test_bad_device_types_and_links_are_one_line_errors(command, tmp_path):
     out = ["--out", str(tmp_path / "run")] if command == "simulate" else []
-    one_line_error(poise(command, "streamrl-crossdc", "cluster.device_types[1].name=h900", *out),
-                   "cluster.device_types[1].name", "'h900'", "unknown device type", "h20, h800")
-    one_line_error(poise(command, "streamrl-crossdc", "cluster.device_types[0].price_per_hour=0", *out),
-                   "cluster.device_types[0].price_per_hour", "must be > 0")
-    one_line_error(poise(command, "streamrl-crossdc", "cluster.links[0].between=[dc-train, dc-moon]", *out),
-                   "cluster.links[0].between", "unknown device group 'dc-moon'", "dc-gen, dc-train")
-    one_line_error(poise(command, "streamrl-hetero", "cluster.rollout_type=h900", *out),
-                   "cluster.rollout_type", "'h900'", "h800, h20")
+    assert_one_line_error(poise(command, "streamrl-crossdc", "cluster.device_types[1].name=h900", *out),
+                          "cluster.device_types[1].name", "'h900'", "unknown device type", "h20, h800")
+    assert_one_line_error(poise(command, "streamrl-crossdc", "cluster.device_types[0].price_per_hour=0", *out),
+                          "cluster.device_types[0].price_per_hour", "must be > 0")
+    assert_one_line_error(poise(command, "streamrl-crossdc", "cluster.links[0].between=[dc-train, dc-moon]", *out),
+                          "cluster.links[0].between", "unknown device group 'dc-moon'", "dc-gen, dc-train")
+    assert_one_line_error(poise(command, "streamrl-hetero", "cluster.rollout_type=h900", *out),
+                          "cluster.rollout_type", "'h900'", "h800, h20")
     assert not (tmp_path / "run").exists()
 
 
