@@ -166,6 +166,7 @@ def test_predictions_use_the_averaged_weights():
     assert averaged.updates == last.updates > 10
     a, b = averaged.scores(prompts), last.scores(prompts)
     assert a != b
-    for p, avg in zip(averaged._model.parameters(), averaged._avg):  # the live weights are not the average
+    averages = list(averaged._avg_model.parameters())
+    for p, avg in zip(averaged._model.parameters(), averages):  # the live weights are not the average
         assert p.shape == avg.shape
-    assert any(not torch.equal(p, avg) for p, avg in zip(averaged._model.parameters(), averaged._avg))
+    assert any(not torch.equal(p, avg) for p, avg in zip(averaged._model.parameters(), averages))

@@ -41,6 +41,7 @@ two-layer regression head, and learns online during the job.
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import OrderedDict
@@ -154,7 +155,7 @@ class LMRanker:
         self._tok = CharTokenizer()
         self._model = _LengthModel(cfg, self._tok.vocab_size, self._tok.pad_id, stable_seed("lm-ranker", seed) % (2**31))
         self._opt = torch.optim.Adam(self._model.parameters(), lr=cfg.lr)
-        self._avg = [p.detach().clone() for p in self._model.parameters()]  # the weights predictions use
+        self._avg_model = copy.deepcopy(self._model)  # the averaged weights: what predictions use
         self._rng = random.Random(stable_seed("lm-ranker-batches", seed))
         self._queue: list[tuple[str, str, float]] = []  # (prompt id, text, log1p(length)) not yet learned from
         self._buffer: OrderedDict[str, list] = OrderedDict()  # prompt id -> [text, sum of y, n], oldest first
@@ -251,23 +252,16 @@ class LMRanker:
         """Fold the weights just updated into the moving average (bias-free: the first update's
         weights stand in for the random initialisation)."""
         decay = min(self.cfg.average, self.updates / (self.updates + 10.0))
-        for a, p in zip(self._avg, self._model.parameters()):
+        for a, p in zip(self._avg_model.parameters(), self._model.parameters()):
             a.lerp_(p.detach(), 1.0 - decay)
 
     @torch.no_grad()
     def _predict(self, texts: Sequence[str]) -> list[float]:
-        model = self._model.eval()
-        live = [p.detach().clone() for p in model.parameters()]
-        for p, a in zip(model.parameters(), self._avg):
-            p.copy_(a)
+        model = self._avg_model.eval()
         out: list[float] = []
-        try:
-            for i in range(0, len(texts), 256):
-                ids, mask, chars, places = self._encode(texts[i:i + 256])
-                out += model(ids, mask, chars, places).tolist()
-        finally:
-            for p, w in zip(model.parameters(), live):
-                p.copy_(w)
+        for i in range(0, len(texts), 256):
+            ids, mask, chars, places = self._encode(texts[i:i + 256])
+            out += model(ids, mask, chars, places).tolist()
         return out
 
     def _encode(self, texts: Sequence[str]) -> tuple[torch.Tensor, ...]:
