@@ -134,6 +134,7 @@ class TaskSource:
             raise ConfigError("data.pool_size", pool_size, "must be >= 1")
         self.pool_size = pool_size
         self._pools: dict[int, list[Problem]] = {}
+        self._orders: dict[tuple[int, int], list[int]] = {}  # the last epoch's order (steps ask in order)
 
     def pool(self, phase_index: int) -> list[Problem]:
         if phase_index not in self._pools:
@@ -157,9 +158,12 @@ class TaskSource:
         return len(self.phases) - 1, start  # unreachable after validation
 
     def _order(self, phase_index: int, epoch: int) -> list[int]:
-        order = list(range(self.pool_size))
-        random.Random(derive_seed("epoch", self.seed, phase_index, epoch)).shuffle(order)
-        return order
+        key = (phase_index, epoch)
+        if key not in self._orders:  # one shuffle per epoch, not one per prompt drawn
+            order = list(range(self.pool_size))
+            random.Random(derive_seed("epoch", self.seed, phase_index, epoch)).shuffle(order)
+            self._orders = {key: order}
+        return self._orders[key]
 
     def prompts_for_step(self, step: int, n: int) -> list[Problem]:
         phase_index, start = self.phase_of(step)
@@ -180,15 +184,20 @@ class DatasetSource:
             raise ConfigError("data.dataset", "(empty)", "the dataset has no rows")
         self.seed = seed
         self.problems = problems
+        self._orders: dict[int, list[int]] = {}  # the last epoch's order
+
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:  # one shuffle per epoch, not one per prompt drawn
+            order = list(range(len(self.problems)))
+            random.Random(derive_seed("dataset-epoch", self.seed, epoch)).shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch]
 
     def prompts_for_step(self, step: int, n: int) -> list[Problem]:
-        size = len(self.problems)
         out = []
         for pos in range(step * n, step * n + n):
-            epoch, offset = divmod(pos, size)
-            order = list(range(size))
-            random.Random(derive_seed("dataset-epoch", self.seed, epoch)).shuffle(order)
-            out.append(self.problems[order[offset]])
+            epoch, offset = divmod(pos, len(self.problems))
+            out.append(self.problems[self._order(epoch)[offset]])
         return out
 
 
