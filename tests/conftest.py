@@ -58,15 +58,12 @@ class WarmStart:
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory) -> WarmStart:
     """A short supervised warm start of the tiny model, made once per test session."""
-    import torch
-
     from poise.config import load_train_config
     from poise.train.sft import run_sft
 
     cfg = load_train_config(None, WARM_START)
     path = tmp_path_factory.mktemp("warm-start") / "tiny-qwen2-sft"
-    run_sft(cfg.model, cfg.data, path, threads=1, progress=False)
-    torch.set_num_threads(1)  # run_sft sets the process's threads; the session runs at one
+    run_sft(cfg.model, cfg.data, path, threads=1, progress=False)  # restores the session's one thread after
     return WarmStart(path, (f"model.path={path}", f"data.phases={WARM_START_DATA}"))
 
 

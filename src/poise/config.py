@@ -57,9 +57,11 @@ class SFTConfig:
     batch_size: int = help_field(64, "reference answers per step")
     lr: float = help_field(3e-3, "AdamW learning rate")
     seed: int = help_field(1, "seed of the warm start (weights init and its own prompt stream)")
+    threads: int = help_field(1, "torch threads of the warm start (one process; its bytes depend on the count)")
 
     def __post_init__(self) -> None:
         check(self.steps >= 0, "steps", self.steps, "must be >= 0")
+        check(self.threads >= 1, "threads", self.threads, "must be >= 1")
         check(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
         check(self.lr > 0, "lr", self.lr, "must be > 0")
 

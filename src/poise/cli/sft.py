@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from poise.train.sft import run_sft
 
-    path = run_sft(cfg.model, cfg.data, Path(out), threads=cfg.cluster.threads_per_device,
+    path = run_sft(cfg.model, cfg.data, Path(out),
                    progress=cfg.run.progress)
     print(f"poise: warm-start checkpoint written to {path}", file=sys.stderr)
     return 0

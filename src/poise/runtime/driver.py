@@ -616,5 +616,5 @@ def _prepare_model(cfg: TrainConfig) -> None:
     if m.sft_if_missing and not Path(m.path, "config.json").is_file():
         from poise.train.sft import run_sft
 
-        run_sft(m, cfg.data, Path(m.path), threads=cfg.cluster.threads_per_device, progress=cfg.run.progress)
+        run_sft(m, cfg.data, Path(m.path), progress=cfg.run.progress)
     load_model(m.path)  # a missing or broken checkpoint fails here with one line

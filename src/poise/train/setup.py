@@ -41,5 +41,5 @@ def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) ->
         return build_tiny(m.tiny, tokenizer.vocab_size, cfg.run.seed, tokenizer.eos_id, tokenizer.pad_id,
                           tokenizer.bos_id)
     if m.sft_if_missing and not Path(m.path, "config.json").is_file():
-        run_sft(m, cfg.data, Path(m.path), threads=cfg.cluster.threads_per_device, progress=progress)
+        run_sft(m, cfg.data, Path(m.path), progress=progress)
     return load_model(m.path)

@@ -34,9 +34,19 @@ def sft_loss(model: torch.nn.Module, prompts: list[list[int]], answers: list[lis
                                              ignore_index=-100)
 
 
-def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, out_dir: Path, threads: int = 1,
+def run_sft(model_cfg: ModelConfig, data_cfg: DataConfig, out_dir: Path, threads: int | None = None,
             progress: bool = True) -> Path:
-    torch.set_num_threads(threads)
+    """The warm start, written to `out_dir`, on `threads` torch threads (default `model.sft.threads`);
+    the process's thread count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or model_cfg.sft.threads)
+    try:
+        return _train(model_cfg, data_cfg, out_dir, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(model_cfg: ModelConfig, data_cfg: DataConfig, out_dir: Path, progress: bool) -> Path:
     cfg = model_cfg.sft
     tokenizer = CharTokenizer()
     model = build_tiny(model_cfg.tiny, tokenizer.vocab_size, cfg.seed, tokenizer.eos_id, tokenizer.pad_id,
