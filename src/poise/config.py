@@ -366,6 +366,9 @@ class TrainConfig:
               "use history or learned")
         self._check_resize()
         self._check_scale()
+        check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
+              f"needs pipeline.mode=sync (with {self.pipeline.mode}, no rollout device is idle while the trainer "
+              "works); set it false")
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions

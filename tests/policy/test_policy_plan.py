@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from poise.errors import ConfigError
-from poise.policy.plan import MicroStats, loss_normaliser, plan_step, step_stats
+from poise.policy.plan import MicroStats, loss_normaliser, plan_step, step_stats, tail_shares
 
 
 def test_plan_cuts_by_sample_id_and_spreads_contiguous_ranges_by_hand():
@@ -22,6 +22,21 @@ def test_plan_cuts_by_sample_id_and_spreads_contiguous_ranges_by_hand():
     assert [len(m.micro) for m in two.minis] == [2, 2] and two.mini_of((0, 3, 1)) == 1
     with pytest.raises(ConfigError, match="updates_per_step"):
         plan_step(0, 3, 2, updates_per_step=2)
+
+
+def test_tail_shares_by_hand():
+    """pipeline.assist: the unstarted micro-batches, cut into contiguous shares of about equal tokens."""
+    assert tail_shares([0, 1], 2) == [[0], [1]]
+    assert tail_shares([2, 3, 4, 5], 2) == [[2, 3], [4, 5]]
+    assert tail_shares([2, 3, 4, 5], 2, [30, 10, 10, 10]) == [[2], [3, 4, 5]]  # the long one alone
+    assert tail_shares([4, 5], 3) == [[4], [], [5]]  # more devices than work: some idle
+    assert tail_shares([], 2) == [[], []]
+    for n in range(1, 9):  # every micro-batch exactly once, in index order
+        for devices in range(1, 5):
+            shares = tail_shares(list(range(n)), devices, [1 + (j * 7) % 5 for j in range(n)])
+            assert [j for share in shares for j in share] == list(range(n))
+    with pytest.raises(ValueError, match="weights"):
+        tail_shares([0, 1], 2, [1.0])
 
 
 def test_normaliser_and_step_stats_by_hand():

@@ -57,9 +57,9 @@ class Runs:
     def colocated(self):
         return self._run(("colocated",), train_colocated, "pipeline.mode=colocated")
 
-    def disaggregated(self, mode: str, split: tuple[int, int]):
-        return self._run((mode, *split), train_disaggregated, *RUNTIME, f"pipeline.mode={mode}",
-                         f"cluster.split=[{split[0]},{split[1]}]")
+    def disaggregated(self, mode: str, split: tuple[int, int], *extra: str):
+        return self._run((mode, *split, *extra), train_disaggregated, *RUNTIME, f"pipeline.mode={mode}",
+                         f"cluster.split=[{split[0]},{split[1]}]", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +97,19 @@ def test_sync_bitwise_equals_colocated_for_every_split(ray_session, runs, refere
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
     got.assert_bitwise_equal(reference, f"sync {split} vs colocated")
+
+
+@pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
+def test_rollout_devices_assisting_the_trainer_change_nothing(ray_session, runs, reference, warm_start, split):
+    """pipeline.assist: when generation ends the rollout devices compute a share of the micro-batches
+    not yet started; the update is still the colocated loop's, bit for bit."""
+    got = runs.disaggregated("sync", split, "pipeline.assist=true")
+    got.assert_learned(warm_start)
+    _assert_syncs(got, split)
+    helped = {(e["step"], e["micro_batch"]) for e in got.events if e["kind"] == "interval"
+              and e["phase"] == "micro_batch" and e["device"] < split[0]}  # rollout devices are 0..R-1
+    assert {k for k, _ in helped} == set(range(STEPS)), f"no rollout device trained in some step: {sorted(helped)}"
+    got.assert_bitwise_equal(reference, f"sync {split} with assist vs colocated")
 
 
 def test_sync_weight_digests_agree_across_splits(ray_session, runs):

@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from poise.train.reduce import aligned_nodes, combine, node_sum, tree_sum
+from poise.train.reduce import aligned_nodes, combine, index_nodes, node_sum, tree_sum
 
 
 def _split_sum(values, cuts, add):
@@ -45,3 +45,26 @@ def test_float_sums_are_bitwise_equal_across_device_counts():
 def test_missing_micro_batch_fails_loudly():
     with pytest.raises(KeyError, match="micro-batch 2"):
         combine({(1, 0): 1.0}, 3, lambda a, b: a + b)
+
+
+@pytest.mark.parametrize("m", range(1, 12))
+def test_any_assignment_of_micro_batches_reduces_in_the_same_order(m):
+    """pipeline.assist: a device holds any set of micro-batches (streamed ones plus a share of the
+    tail); the aligned nodes of its runs still combine into the one tree order."""
+    add = lambda a, b: f"({a}+{b})"  # noqa: E731 - the expression records the order of additions
+    leaves = [str(i) for i in range(m)]
+    reference = tree_sum(leaves, add)
+    for owners in itertools.product(range(3), repeat=m):  # every assignment of m micro-batches to 3 devices
+        nodes = {}
+        for d in range(3):
+            mine = [j for j in range(m) if owners[j] == d]
+            for node in index_nodes(mine, m):
+                assert node not in nodes
+                nodes[node] = node_sum(node, m, leaves.__getitem__, add)
+        assert combine(nodes, m, add) == reference
+
+
+def test_index_nodes_by_hand():
+    assert index_nodes([], 6) == []
+    assert index_nodes([0, 1, 2, 3], 6) == [(2, 0)]
+    assert index_nodes([5, 0, 1, 3], 6) == [(1, 0), (0, 3), (0, 5)]  # runs [0, 2), [3, 4), [5, 6)

@@ -11,6 +11,11 @@ trainer all consume it; none of them cuts batches or sums normalisers on its own
           .ranges         micro-batch j goes to train device d when lo_d <= j < hi_d
                           (contiguous, so each device's part is a union of reduction subtrees)
 
+    tail_shares(pending, devices)
+        with `pipeline.assist` (sync), the first mini-batch's micro-batches not started when
+        generation ends, shared over the train devices and the rollout devices, idle until the
+        weight sync; they hold the same weights, so they can compute gradients (not steps).
+
     pack_rows(lengths)
         how a micro-batch's sequences share the rows of one packed forward (first-fit
         decreasing by length, ties by sample id): no padding between short and long sequences.
@@ -81,6 +86,27 @@ def contiguous_ranges(num_micro_batches: int, devices: int) -> tuple[tuple[int, 
     if devices < 1:
         raise ValueError(f"need at least one train device, got {devices}")
     return tuple((d * num_micro_batches // devices, (d + 1) * num_micro_batches // devices) for d in range(devices))
+
+
+def tail_shares(pending: Sequence[int], devices: int, weights: Sequence[float] | None = None) -> list[list[int]]:
+    """`pipeline.assist`: the micro-batches of a mini-batch still unstarted when generation ends
+    (index order), cut into `devices` contiguous shares of about equal weight (their tokens; equal
+    when None), in device order (the train devices first, then the rollout devices that help):
+    micro-batch i goes to the share its weight's midpoint falls in. Which device computes a
+    micro-batch never changes the update: the reduction sums in tree order by index
+    (train/reduce.py)."""
+    if devices < 1:
+        raise ValueError(f"need at least one device, got {devices}")
+    weights = [1.0] * len(pending) if weights is None else [max(0.0, float(w)) for w in weights]
+    if len(weights) != len(pending):
+        raise ValueError(f"{len(pending)} micro-batches but {len(weights)} weights")
+    total = sum(weights) or 1.0
+    shares: list[list[int]] = [[] for _ in range(devices)]
+    before = 0.0
+    for j, w in zip(pending, weights):
+        shares[min(devices - 1, int(devices * (before + w / 2) / total))].append(j)
+        before += w
+    return shares
 
 
 def plan_step(step: int, prompts: int, group_size: int, *, updates_per_step: int = 1, micro_batch_size: int = 16,
@@ -171,5 +197,5 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
     }
 
 
-__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "micro_normaliser",
+__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "tail_shares", "micro_normaliser",
            "loss_normaliser", "pack_rows", "step_stats"]

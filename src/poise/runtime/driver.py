@@ -123,6 +123,8 @@ class Runtime:
         # those of this split and of every split a live resize may move to
         groups = prewarm_rank_sets(split, transitions)
         groups += scale_rank_sets(self.cfg, self.leader, list(range(pool_rollout)))  # and of the joins
+        if self.cfg.pipeline.assist and list(range(c.devices)) not in groups:  # train + helping rollout devices
+            groups.append(list(range(c.devices)))
         faults.wait([w.prewarm_groups.remote(groups) for w in self.workers], list(range(len(self.workers))),
                     "start-up (model build and communicators)", max(c.step_timeout_s, faults.START_UP_S))
         faults.wait([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
@@ -136,7 +138,13 @@ class Runtime:
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s)
+                                    step_timeout_s=c.step_timeout_s, **self.helpers())
+
+    def helpers(self) -> dict:
+        """`pipeline.assist`: the pool's rollout devices (a joined reserve device is not in the
+        prewarmed group of the pool), which compute a share of the training tail."""
+        ranks = [d for d in self.rollout_ranks if d not in self.joined] if self.cfg.pipeline.assist else []
+        return {"helpers": [self.workers[d] for d in ranks], "helper_ranks": ranks}
 
     def stop(self) -> None:
         """Shut every worker down and kill its actor (the placement group stays); a dead or hung

@@ -241,14 +241,12 @@ class EmulatedTrainShard:
         return {"index": index, "loss_sum": 0.0, "normaliser": normaliser, "clipped": 0, "kl_sum": 0.0,
                 "tokens": tokens, "start": start, "end": time.time(), "device": self.rank}
 
-    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
+    def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
+                     rows: int, inputs_ready: float | None = None) -> dict:
         # timed from when the last micro-batch ended (a real all-gather starts then; an emulated
         # shard hears of it one notification later), as EmulatedSync.publish
         start = time.time() if inputs_ready is None else min(time.time(), inputs_ready)
-        if set(self._normalisers) != set(range(lo, hi)):
-            raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
-                               f"got {sorted(self._normalisers)}")
+        self._check_indices(indices)
         own = sum(self._normalisers.values())
         if normaliser < own or normaliser <= 0:
             raise RuntimeError(f"device {self.rank}: step normaliser {normaliser} is below this device's own "
@@ -256,12 +254,24 @@ class EmulatedTrainShard:
         barrier_s = self.wait_staging()
         if barrier_s > 0:  # the step itself starts once the optimizer state is whole
             start = time.time()
-        wait = start + self.cost.train_fixed_s(len(train_ranks)) * self.scale - time.time()  # reduction + step
+        wait = start + self.cost.train_fixed_s(len(ranks)) * self.scale - time.time()  # reduction + step
         if wait > 0:
             time.sleep(wait)
         self._normalisers.clear()
         self.version += 1
         return {"grad_norm": 0.0, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+
+    def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
+        """A helping rollout device's part of the reduction: its cost is in the train devices' update."""
+        start = time.time()
+        self._check_indices(indices)
+        self._normalisers.clear()
+        return {"start": start, "end": time.time(), "device": self.rank}
+
+    def _check_indices(self, indices: list[int]) -> None:
+        if set(self._normalisers) != set(indices):
+            raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
+                               f"got {sorted(self._normalisers)}")
 
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """The joiner's optimizer restore, priced by the cost model's live-resize background phases,

@@ -149,7 +149,7 @@ def settled_updates(trainer, timeout_s: float) -> str:
     """Whether the updates the trainer queued in the step that broke happened: 'none', 'all' (on
     every train device) or 'some'. Waits for the calls still running (a survivor's collective
     with a dead peer fails at once; gloo's timeout bounds the rest)."""
-    refs = [ref for per_mini in getattr(trainer, "update_refs", []) for ref in per_mini]
+    refs = [ref for per_mini in trainer.update_refs for ref in per_mini]
     if not refs:
         return "none"
     ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
@@ -215,9 +215,8 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
 
 
 def step_refs(trainer) -> list:
-    """Every call the trainer queued in its current step (micro-batches, updates)."""
-    return ([ref for _, ref in getattr(trainer, "micro_refs", [])]
-            + [ref for per_mini in getattr(trainer, "update_refs", []) for ref in per_mini])
+    """Every call the trainer queued in its current step (micro-batches, updates, helpers' parts)."""
+    return trainer.queued_refs()
 
 
 def drain(refs: Sequence) -> None:

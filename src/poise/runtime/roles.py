@@ -54,10 +54,15 @@ class RolloutEngine(Protocol):
 class TrainShard(Protocol):
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict: ...
 
-    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
-        """Reduce and step; `inputs_ready`: wall time the mini-batch's last micro-batch ended (a
-        real shard's all-gather waits for it by itself)."""
+    def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
+                     rows: int, inputs_ready: float | None = None) -> dict:
+        """Reduce the gradients of micro-batches `indices` with those of the other `ranks` and step;
+        `rows`: tree nodes per device in the all-gather; `inputs_ready`: wall time the mini-batch's
+        last micro-batch ended (a real shard's all-gather waits for it by itself)."""
+        ...
+
+    def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
+        """A helping rollout device's part of the reduction (`pipeline.assist`); no step."""
         ...
 
     def save_checkpoint(self, run_dir: str, step: int, version: int) -> str: ...

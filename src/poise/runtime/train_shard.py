@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from poise.train.reduce import aligned_nodes, combine, node_sum
+from poise.train.reduce import combine, index_nodes, node_sum
 from poise.train.trainer import PolicyTrainer
 
 
@@ -74,30 +74,46 @@ class TorchTrainShard:
                 "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
                 "start": start, "end": time.time(), "device": self.rank}
 
-    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int], inputs_ready: float | None = None) -> dict:
-        """Reduce the mini-batch's micro-batch gradients over the train ranks and take one step.
+    def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
+                     rows: int, inputs_ready: float | None = None) -> dict:
+        """Reduce the mini-batch's micro-batch gradients over `ranks` and take one step.
 
-        bitwise: this rank's aligned tree nodes over [lo, hi) are all-gathered and combined in the
-        fixed tree order; semantic: a local sum and an ordinary all-reduce.
+        `indices`: the micro-batches this device computed; `ranks`: every device holding some (the
+        train devices, and with `pipeline.assist` the rollout devices that `contribute`).
+        bitwise: each device's aligned tree nodes are all-gathered (`rows` per device, the most any
+        of them holds) and combined in the fixed tree order; semantic: an ordinary all-reduce.
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
-        if set(self._grads) != set(range(lo, hi)):
-            raise RuntimeError(f"device {self.rank}: expected micro-batches {lo}..{hi - 1}, "
+        total = self._reduce(num_micro_batches, indices, ranks, rows)
+        grads, offset = [], 0
+        for p in self.trainer.params:
+            grads.append(total[offset:offset + p.numel()].view_as(p).clone())
+            offset += p.numel()
+        norm = self.trainer.apply_update(grads, normaliser)
+        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+
+    def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
+        """`pipeline.assist`: a rollout device's part of the reduction (the gradients of `indices`,
+        computed with the weights the train devices hold before their step); it takes no step."""
+        start = time.time()
+        self._reduce(num_micro_batches, indices, ranks, rows)
+        return {"start": start, "end": time.time(), "device": self.rank}
+
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> torch.Tensor:
+        if set(self._grads) != set(indices):
+            raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
                                f"got {sorted(self._grads)}")
-        group = self.comm.get(train_ranks)
-        params = self.trainer.params
-        numel = sum(p.numel() for p in params)
+        group = self.comm.get(ranks)
+        numel = sum(p.numel() for p in self.trainer.params)
         if self.bitwise:
-            nodes = aligned_nodes(lo, hi, num_micro_batches) if hi > lo else []
+            nodes = index_nodes(indices, num_micro_batches)
             local = [node_sum(n, num_micro_batches, self._grads.__getitem__, torch.add) for n in nodes]
-            most = max(1, (num_micro_batches - 1).bit_length() * 2 + 2)
-            buf = torch.zeros(most, numel + 2, dtype=torch.float32, device=self.device)
+            buf = torch.zeros(max(1, rows), numel + 2, dtype=torch.float32, device=self.device)
             buf[:, 0] = -1  # empty row marker
             for i, ((level, index), value) in enumerate(zip(nodes, local)):
                 buf[i, 0], buf[i, 1], buf[i, 2:] = level, index, value
-            gathered = [torch.empty_like(buf) for _ in train_ranks]
+            gathered = [torch.empty_like(buf) for _ in ranks]
             dist.all_gather(gathered, buf, group=group)
             table = {(int(row[0]), int(row[1])): row[2:] for part in gathered for row in part if row[0] >= 0}
             total = combine(table, num_micro_batches, torch.add)
@@ -106,13 +122,8 @@ class TorchTrainShard:
             for index in sorted(self._grads):
                 total += self._grads[index]
             dist.all_reduce(total, group=group)
-        grads, offset = [], 0
-        for p in params:
-            grads.append(total[offset:offset + p.numel()].view_as(p).clone())
-            offset += p.numel()
-        norm = self.trainer.apply_update(grads, normaliser)
         self._grads.clear()
-        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+        return total
 
     # ---- live resize ------------------------------------------------------------------------
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:

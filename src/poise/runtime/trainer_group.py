@@ -18,8 +18,9 @@ import torch
 
 from poise.algo.losses import group_advantages
 from poise.errors import PoiseError
-from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats
+from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
+from poise.train.reduce import index_nodes
 from poise.types import Sample, SampleId
 
 
@@ -59,15 +60,25 @@ class StepLedger:
 
 
 class TrainerGroup:
+    """`helpers`, `helper_ranks` (`pipeline.assist`, sync only): the rollout devices that compute a
+    share of the first mini-batch's micro-batches still unstarted when generation ends."""
+
     def __init__(self, workers: Sequence[object], ranks: Sequence[int], scale_rewards: bool, streaming: bool,
-                 loss_agg: str, step_timeout_s: float = 600.0):
-        self.workers, self.ranks = list(workers), list(ranks)
+                 loss_agg: str, step_timeout_s: float = 600.0, helpers: Sequence[object] = (),
+                 helper_ranks: Sequence[int] = ()):
         self.scale_rewards, self.streaming, self.loss_agg = scale_rewards, streaming, loss_agg
         self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
+        self.set_devices(workers, ranks, helpers, helper_ranks)
+        self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
+        self.update_refs: list = []  # per mini-batch, every train device's update
+        self.contribute_refs: list = []  # (helper rank, ObjectRef) of the helpers' parts of reductions
 
-    def set_devices(self, workers: Sequence[object], ranks: Sequence[int]) -> None:
-        """The train devices after a live resize (between steps: nothing of a step is in flight)."""
+    def set_devices(self, workers: Sequence[object], ranks: Sequence[int], helpers: Sequence[object] = (),
+                    helper_ranks: Sequence[int] = ()) -> None:
+        """The train devices (and helping rollout devices) after a live resize (between steps:
+        nothing of a step is in flight)."""
         self.workers, self.ranks = list(workers), list(ranks)
+        self.helpers, self.helper_ranks = list(helpers), list(helper_ranks)
 
     def start_step(self, plan: StepPlan) -> StepLedger:
         self.plan = plan
@@ -78,8 +89,9 @@ class TrainerGroup:
         self.micro_of = {sid: (mini.index, j) for mini in plan.minis for j, ids in enumerate(mini.micro) for sid in ids}
         self.staged: dict[tuple[int, int], object] = {}  # (mini, micro) -> ObjectRef of its samples
         self.next_mini = 0
-        self.micro_refs: list = []
-        self.update_refs: list = []
+        # per mini-batch, device position (train devices, then helpers) -> the micro-batches it computes
+        self.held: list[dict[int, list[int]]] = [{} for _ in plan.minis]
+        self.micro_refs, self.update_refs, self.contribute_refs = [], [], []
         return self.ledger
 
     def feed(self, scored: Sequence[tuple[Sample, float]]) -> None:
@@ -105,33 +117,64 @@ class TrainerGroup:
             self._dispatch_ready()
 
     def _dispatch_ready(self) -> None:
+        devices = self.workers + self.helpers
+        device_ranks = self.ranks + self.helper_ranks
         while self.next_mini < len(self.plan.minis):
             mini, done = self.plan.minis[self.next_mini], self.dispatched[self.next_mini]
-            ready: dict[int, list[tuple[int, object, list[float]]]] = {}  # owner position -> its ready batches
-            for j, ids in enumerate(mini.micro):
-                if j in done or not all(i in self.advantages for i in ids):
-                    continue
-                ready.setdefault(mini.owner(j), []).append(
-                    (j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in ids]))
+            ready = [j for j, ids in enumerate(mini.micro)
+                     if j not in done and all(i in self.advantages for i in ids)]
+            if self.helpers and mini.index == 0 and self.ledger.complete:
+                # generation is over: the rollout devices take a share of what has not started
+                # (only of the first mini-batch: they hold the weights of its update, not the next's)
+                tokens = [sum(len(self.ledger.arrived[i].prompt_ids) + len(self.ledger.arrived[i].token_ids)
+                              for i in mini.micro[j]) for j in ready]
+                owners = {j: d for d, share in enumerate(tail_shares(ready, len(devices), tokens)) for j in share}
+            else:
+                owners = {j: mini.owner(j) for j in ready}
+            batches: dict[int, list[tuple[int, object, list[float]]]] = {}  # device position -> its ready batches
+            for j in ready:
+                batches.setdefault(owners[j], []).append(
+                    (j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in mini.micro[j]]))
+                self.held[mini.index].setdefault(owners[j], []).append(j)
                 done.add(j)
             # one call per device for whatever became ready together (every control-plane call is
             # a driver round trip; in non-streaming mode the whole batch becomes ready at once)
-            for owner, batches in ready.items():
-                self.micro_refs.append(((mini.index, [j for j, _, _ in batches]),
-                                        self.workers[owner].train_micro_batches.remote(batches)))
+            for d, mine in batches.items():
+                self.micro_refs.append(((mini.index, [j for j, _, _ in mine]), device_ranks[d],
+                                        devices[d].train_micro_batches.remote(mine)))
             if len(done) < len(mini.micro):
                 return
-            # every micro-batch of this mini-batch is queued: queue its update on every device. Only
-            # the leader's waits on all of them (its weights are the ones published; with real
-            # compute the all-gather makes every rank wait anyway)
-            normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
-                                         self.loss_agg)
-            micro = [ref for (u, _), ref in self.micro_refs if u == mini.index]
-            # every device enters the all-gather only once every micro-batch succeeded (runtime/faults.py)
-            self.update_refs.append([w.apply_update.remote(len(mini.micro), lo, hi, normaliser, self.ranks,
-                                                           micro if d == 0 else None, None if d == 0 else micro)
-                                     for d, (w, (lo, hi)) in enumerate(zip(self.workers, mini.ranges))])
+            self._queue_update(mini, devices, device_ranks)
             self.next_mini += 1
+
+    def _queue_update(self, mini, devices: list, device_ranks: list[int]) -> None:
+        """Every micro-batch of `mini` is queued: queue its reduction on every device that holds
+        some and the optimizer step on every train device. Only the leader's update waits on all
+        micro-batches (its weights are the ones published; with real compute the all-gather makes
+        every rank wait anyway); every device enters the all-gather only once every micro-batch
+        succeeded (runtime/faults.py)."""
+        held = self.held[mini.index]
+        helping = [d for d in range(len(self.workers), len(devices)) if d in held]
+        # helpers join only a reduction that has work of theirs: all of them then (one prewarmed group)
+        parties = list(range(len(devices))) if helping else list(range(len(self.workers)))
+        ranks = [device_ranks[d] for d in parties]
+        m = len(mini.micro)
+        rows = max(1, max(len(index_nodes(held[d], m)) for d in held))
+        normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
+                                     self.loss_agg)
+        micro = [ref for (u, _), _, ref in self.micro_refs if u == mini.index]
+        self.update_refs.append([w.apply_update.remote(m, sorted(held.get(d, [])), normaliser, ranks, rows,
+                                                       micro if d == 0 else None, None if d == 0 else micro)
+                                 for d, w in enumerate(self.workers)])
+        self.contribute_refs += [(device_ranks[d], devices[d].contribute.remote(m, sorted(held.get(d, [])), ranks,
+                                                                                 rows, micro))
+                                 for d in parties[len(self.workers):]]
+
+    def queued_refs(self) -> list:
+        """Every call queued in the current step (micro-batches, updates, helpers' parts of the
+        reductions); none before the first step."""
+        return ([ref for _, _, ref in self.micro_refs] + [ref for per_mini in self.update_refs for ref in per_mini]
+                + [ref for _, ref in self.contribute_refs])
 
     def last_update_ref(self):
         """The train leader's (first train device's) last update of the step, once all are queued."""
@@ -147,13 +190,14 @@ class TrainerGroup:
         self.ledger.check_complete()
         self._dispatch_ready()
         what = f"training of step {self.plan.step}"
-        micro_owner = {mini.index: [self.ranks[mini.owner(j)] for j in range(len(mini.micro))]
-                       for mini in self.plan.minis}
-        done = wait([ref for _, ref in self.micro_refs], [micro_owner[u][js[0]] for (u, js), _ in self.micro_refs],
+        done = wait([ref for _, _, ref in self.micro_refs], [rank for _, rank, _ in self.micro_refs],
                     what, self.step_timeout_s, role="train")
-        records = {(u, j): m for ((u, js), _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}
+        records = {(u, j): m for ((u, js), _, _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}
         micro = [records[key] for key in sorted(records)]  # (mini-batch, micro-batch) index order
         updates = [wait(refs, self.ranks, what, self.step_timeout_s, role="train") for refs in self.update_refs]
+        if self.contribute_refs:
+            wait([ref for _, ref in self.contribute_refs], [rank for rank, _ in self.contribute_refs], what,
+                 self.step_timeout_s, role="train")
         stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"])
                             for m in micro], [u[0]["grad_norm"] for u in updates])
         return stats, micro, [u for per_device in updates for u in per_device]

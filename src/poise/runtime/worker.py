@@ -138,21 +138,30 @@ class DeviceWorker(FileEndpoint):
         self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
-    def apply_update(self, num_micro_batches: int, lo: int, hi: int, normaliser: float,
-                     train_ranks: list[int], after: list | None = None, requires: list | None = None) -> dict:
-        """One reduction + optimizer step; the leader's `after` holds every micro-batch of the
-        mini-batch, so the update it publishes ends after the last one (the all-gather imposes that
-        on every rank with real compute; an emulated shard has no collective). `requires`: calls
-        that must have succeeded first (runtime/faults.py: a device never enters a collective that
-        a failed or dead peer cannot join, where it would wait for gloo's timeout)."""
+    def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
+                     rows: int, after: list | None = None, requires: list | None = None) -> dict:
+        """One reduction (of micro-batches `indices` here with those of the other `ranks`) and
+        optimizer step; the leader's `after` holds every micro-batch of the mini-batch, so the
+        update it publishes ends after the last one (the all-gather imposes that on every rank with
+        real compute; an emulated shard has no collective). `requires`: calls that must have
+        succeeded first (runtime/faults.py: a device never enters a collective that a failed or
+        dead peer cannot join, where it would wait for gloo's timeout)."""
         if requires:
             ray.get(requires)
         inputs_ready = None
         if after:  # every micro-batch's record: the last one's end is when the all-gather could start
             inputs_ready = max(record["end"] for records in ray.get(after) for record in records)
-        out = self.shard.apply_update(num_micro_batches, lo, hi, normaliser, train_ranks, inputs_ready)
+        out = self.shard.apply_update(num_micro_batches, indices, normaliser, ranks, rows, inputs_ready)
         self.version += 1
         return out
+
+    def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int,
+                   requires: list | None = None) -> dict:
+        """`pipeline.assist`: this rollout device's gradients of micro-batches `indices` join the
+        train devices' reduction; the weights (and version) stay until the weight sync."""
+        if requires:
+            ray.get(requires)
+        return self.shard.contribute(num_micro_batches, indices, ranks, rows)
 
     # ---- weight sync ------------------------------------------------------------------------
     def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float, after: list | None = None,

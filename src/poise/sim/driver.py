@@ -15,8 +15,10 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
              (contiguous ranges), each device training its own one after another. sync/async:
-             from the end of generation; stream: each as soon as all its samples are in. The
-             optimizer step follows the last device.
+             from the end of generation; stream: each as soon as all its samples are in. With
+             pipeline.assist, what has not started when generation ends is shared over the
+             train and rollout devices (policy.plan.tail_shares). The optimizer step follows
+             the last device.
     resize   the controller observes the step and may return a resize. The pipeline drains
              (in async, the in-flight generation of step k+1 finishes on the old split: the
              paper's "mixed step"), the critical-path phases block it, and the next train and
@@ -42,7 +44,7 @@ from poise.policy.controller import Decision, ResizePolicy, StepObservation, mak
 from poise.policy.cost import CostModel, instance_finish_times, percentile
 from poise.policy.dispatch import InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
-from poise.policy.plan import StepPlan, plan_step
+from poise.policy.plan import StepPlan, plan_step, tail_shares
 from poise.policy.rankers import Finished, Prompt
 from poise.policy.scale import ScaleDecision, ScaleObservation, first_step_served, make_scale_policy
 from poise.policy.split import Split, parse_splits
@@ -357,11 +359,21 @@ class Simulation:
         if stream:
             done = {s.sample_id: f for s, f in zip(samples, finish)}
             ready = [max([done.get(sid, 0.0) for sid in ids]) for ids in mini.micro]
+        # pipeline.assist: what has not started when generation ends is shared with the rollout
+        # devices (policy.plan.tail_shares, as the runtime's trainer group does)
+        helpers = self.split.rollout if self.sc.pipeline.assist else 0
+        pending = [j for j in range(len(mini.micro)) if not stream or ready[j] >= gen_end] if helpers else []
+        shares = tail_shares(pending, t_dev + helpers, [tokens[j] for j in pending]) if helpers else []
+        queues = [[j for j in range(lo, hi) if j not in pending] + (shares[d] if shares else [])
+                  for d, (lo, hi) in enumerate(mini.ranges)]
+        queues += shares[t_dev:]
         start, end, busiest, busy_sum = math.inf, free, 0.0, 0.0
-        for d, (lo, hi) in enumerate(mini.ranges):
+        for d, queue in enumerate(queues):
             t, busy, begun = (free, 0.0, None) if stream else (max(free, gen_end), 0.0, None)
+            if d >= t_dev:  # a helping rollout device: free once generation ends
+                t = gen_end
             # stream: its micro-batches as they complete; otherwise in index order
-            for j in sorted(range(lo, hi), key=lambda j: (ready[j], j)) if stream else range(lo, hi):
+            for j in sorted(queue, key=lambda j: (ready[j], j)) if stream else queue:
                 if tokens[j] == 0:
                     continue
                 begin = max(t, ready[j]) if stream else t
@@ -378,7 +390,8 @@ class Simulation:
             end, busiest, busy_sum = max(end, t), max(busiest, busy), busy_sum + busy
         start = min(start, end)
         self._interval_train(k, "train", start, end, per_device=False)
-        fixed = cost.train_fixed_s(t_dev)
+        # the reduction spans the helpers too when they hold work (as the runtime's all-gather)
+        fixed = cost.train_fixed_s(t_dev + (helpers if any(shares[t_dev:]) else 0))
         opt_start = max(end, bg_ready)
         end = opt_start + fixed
         self._interval_train(k, "optimizer_step", opt_start, end)
@@ -491,9 +504,11 @@ class Simulation:
             self._interval(first, "train", phase, step, start, end, devices=self.split.train)
 
     def _interval_train_device(self, d: int, step: int, phase: str, start: float, end: float) -> None:
-        """Work of train device `d` (position in the train group) alone (intervals: device)."""
+        """Work of train device `d` (position in the train group; from `split.train` on, the
+        helping rollout devices of pipeline.assist) alone (intervals: device)."""
         if self.sc.log.intervals == "device":
-            self._interval(self.split.rollout + d, "train", phase, step, start, end)
+            t_dev = self.split.train
+            self._interval(self.split.rollout + d if d < t_dev else d - t_dev, "train", phase, step, start, end)
 
     def _account(self, rec: StepRecord) -> None:
         self._role_time["rollout"] += rec.split.rollout * rec.step_s

@@ -100,6 +100,8 @@ class ScenarioConfig:
         check(self.pipeline.mode != "colocated", "pipeline.mode", self.pipeline.mode,
               "the simulator models disaggregated jobs: use sync (pipeline.streaming for dynamic-batch "
               "pipelining) or async")
+        check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
+              "needs pipeline.mode=sync (in async the rollout devices generate the next step); set it false")
         fleet = self.fleet()
         if fleet is not None:
             check(self.resize.policy == "static" and not self.resize.schedule and not self.scale.active,

@@ -39,6 +39,19 @@ def aligned_nodes(lo: int, hi: int, m: int) -> list[Node]:
     return nodes
 
 
+def index_nodes(indices, m: int) -> list[Node]:
+    """The aligned nodes covering a set of micro-batch indices: those of each maximal contiguous
+    run (a device that streamed some micro-batches and took a share of the tail holds several)."""
+    nodes: list[Node] = []
+    ordered = sorted(indices)
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            nodes += aligned_nodes(ordered[start], ordered[i - 1] + 1, m)
+            start = i
+    return nodes
+
+
 def node_sum(node: Node, m: int, leaf: Callable[[int], V], add: Callable[[V, V], V]) -> V:
     """Sum of a node's leaves in tree order; `leaf(i)` gives micro-batch i's value."""
     level, index = node
