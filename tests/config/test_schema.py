@@ -24,3 +24,22 @@ def test_overrides_index_into_lists():
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises((ConfigError, PoiseError), match=message):
         apply_overrides({"phases": [{"steps": 1}, {"steps": 2}]}, [override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pipeline.mode=async", "pipeline.assist=true"], "pipeline.assist.*needs pipeline.mode=sync"),
+    (["pipeline.mode=colocated", "pipeline.assist=true"], "pipeline.assist.*needs pipeline.mode=sync"),
+    (["model.sft.threads=0"], "threads.*must be >= 1"),
+])
+def test_train_config_refuses_settings_that_cannot_apply(overrides, message):
+    from poise.config import load_train_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_train_config(None, overrides)
+
+
+def test_scenario_refuses_assist_in_async():
+    from poise.sim import load_scenario
+
+    with pytest.raises(ConfigError, match="pipeline.assist.*needs pipeline.mode=sync"):
+        load_scenario("streamrl-pipeline", ["pipeline.mode=async", "pipeline.assist=true"])
