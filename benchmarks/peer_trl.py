@@ -1,6 +1,6 @@
 """Poise next to TRL's GRPOTrainer on one small workload, end to end, interleaved.
 
-    .venv/bin/python benchmarks/peer_trl.py [--steps 10] [--rounds 2] [--only trl,bitwise,semantic,sync]
+    .venv/bin/python benchmarks/peer_trl.py [--steps 10] [--rounds 2] [--only trl,bitwise,semantic,sync,assist]
 
 The workload (issue 13): the `count` task (prompt `count a:b=`, answer the numbers a..b), 4
 prompts x 8 samples per step, up to 128 new tokens at temperature 1, a random tiny Llama (hidden
@@ -15,6 +15,7 @@ trl       TRL's GRPOTrainer (installed by this script into benchmarks/.venv-trl,
 bitwise   `poise train` colocated, determinism bitwise (the default), 2 threads.
 semantic  the same with determinism semantic.
 sync      `poise train` on the Ray runtime, sync, 1 rollout + 1 train device of 1 thread each.
+assist    the same with pipeline.assist=true (the rollout device trains a share of the tail).
 
 Each contender's time is its steps' span (first step's start to last step's end; model load, Ray
 start and set-up excluded for all), so samples/s = 32 x steps / span and generated tokens/s =
@@ -60,6 +61,9 @@ CONTENDERS = {
     "sync": ["pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]",
              f"cluster.threads_per_device={max(1, THREADS // 2)}",
              "determinism=bitwise"],
+    # sync with the rollout device computing a share of the training tail (pipeline.assist)
+    "assist": ["pipeline.mode=sync", "pipeline.assist=true", "cluster.devices=2", "cluster.split=[1,1]",
+               f"cluster.threads_per_device={max(1, THREADS // 2)}", "determinism=bitwise"],
 }
 
 
@@ -200,7 +204,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--only", default="trl,bitwise,semantic,sync", help="contenders, in run order")
+    parser.add_argument("--only", default="trl,bitwise,semantic,sync,assist", help="contenders, in run order")
     parser.add_argument("--threads", type=int, default=THREADS,
                         help="torch threads per contender (the workload's 2; 1 on a machine too loaded for 2)")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
