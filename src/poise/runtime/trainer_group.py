@@ -154,9 +154,9 @@ class TrainerGroup:
         every rank wait anyway); every device enters the all-gather only once every micro-batch
         succeeded (runtime/faults.py)."""
         held = self.held[mini.index]
-        helping = [d for d in range(len(self.workers), len(devices)) if d in held]
         # helpers join only a reduction that has work of theirs: all of them then (one prewarmed group)
-        parties = list(range(len(devices))) if helping else list(range(len(self.workers)))
+        helping = any(d >= len(self.workers) for d in held)
+        parties = list(range(len(devices) if helping else len(self.workers)))
         ranks = [device_ranks[d] for d in parties]
         m = len(mini.micro)
         rows = max(1, max(len(index_nodes(held[d], m)) for d in held))

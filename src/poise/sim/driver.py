@@ -364,7 +364,8 @@ class Simulation:
         helpers = self.split.rollout if self.sc.pipeline.assist else 0
         pending = [j for j in range(len(mini.micro)) if not stream or ready[j] >= gen_end] if helpers else []
         shares = tail_shares(pending, t_dev + helpers, [tokens[j] for j in pending]) if helpers else []
-        queues = [[j for j in range(lo, hi) if j not in pending] + (shares[d] if shares else [])
+        tail = set(pending)
+        queues = [[j for j in range(lo, hi) if j not in tail] + (shares[d] if shares else [])
                   for d, (lo, hi) in enumerate(mini.ranges)]
         queues += shares[t_dev:]
         start, end, busiest, busy_sum = math.inf, free, 0.0, 0.0
