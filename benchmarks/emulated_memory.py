@@ -1,6 +1,6 @@
 """Memory of an emulated job's worker actors: what 16-64 emulated devices cost a small machine.
 
-    .venv/bin/python benchmarks/emulated_memory.py [--devices 64] [--steps 3] [--time-scale 0.01]
+    .venv/bin/python benchmarks/emulated_memory.py [--devices 64] [--per-process 0] [--steps 3] [--time-scale 0.01]
 
 Runs `poise train` (a child process: the Ray driver) with `cluster.compute=emulated`,
 `pipeline.mode=sync` and a small scenario workload (`workload.prompts_per_step` = devices,
@@ -12,7 +12,8 @@ processes from /proc (smaps_rollup; the figures psutil's memory_full_info report
        sum over processes is what they occupy together;
   USS  pages of that process alone (what killing it frees).
 
-The actors are the processes titled `ray::DeviceWorker...`; the table gives the peak over the
+The actors are the processes titled `ray::DeviceWorker...` (a device each) or `ray::DeviceHost...`
+(several emulated devices each: `emulation.devices_per_process`, `--per-process`); the table gives the peak over the
 samples of the actors' summed RSS / PSS / USS, per-actor means at the PSS peak, the Ray system
 processes (raylet, GCS, idle workers...) and the driver, and how many actors map libtorch
 (/proc/PID/maps). `--pythonpath DIR` runs another checkout's code for a before/after figure, e.g.
@@ -32,7 +33,9 @@ from pathlib import Path
 
 from results import write_results  # benchmarks/results.py
 
-ACTOR = "ray::DeviceWorker"
+from poise.config import AUTO_EMULATED_PROCESSES
+
+ACTOR = ("ray::DeviceWorker", "ray::DeviceHost")  # a device's own process, or one of several devices
 MB = 2**20
 BARE_RAY = """
 import sys, time, ray
@@ -114,6 +117,8 @@ def main() -> int:
     ap.add_argument("--devices", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--group", type=int, default=4, help="samples per prompt of the scenario workload")
+    ap.add_argument("--per-process", type=int, default=0,
+                    help="emulation.devices_per_process (0: the config's auto; 1: a process per device)")
     ap.add_argument("--time-scale", type=float, default=0.01, help="wall seconds slept per modelled second")
     ap.add_argument("--scenario", default="streamrl-pipeline")
     ap.add_argument("--interval", type=float, default=0.5, help="seconds between memory readings")
@@ -124,11 +129,14 @@ def main() -> int:
     args = ap.parse_args()
 
     samples = args.devices * args.group
+    per = args.per_process or max(1, -(-args.devices // AUTO_EMULATED_PROCESSES))
+    processes = args.devices if args.bare_ray else -(-args.devices // per)
     overrides = [
         "run.progress=false", f"run.steps={args.steps}", "run.dir=runs/bench-emulated-memory", "run.overwrite=true",
         "run.checkpoint_every=0", "cluster.compute=emulated", f"cluster.devices={args.devices}",
         "pipeline.mode=sync", f"algorithm.micro_batch_size={max(1, samples // args.devices)}",
         f"emulation.scenario={args.scenario}", f"emulation.time_scale={args.time_scale}",
+        f"emulation.devices_per_process={args.per_process}",
         f"emulation.overrides=[workload.prompts_per_step={args.devices}, "
         f"workload.samples_per_prompt={args.group}]"]
     command = ([sys.executable, "-c", BARE_RAY, str(args.devices)] if args.bare_ray
@@ -151,7 +159,7 @@ def main() -> int:
         t = time.perf_counter() - t0
         actors = groups["actors"]
         torch_pids |= {p["pid"] for p in actors if p["torch"]}
-        if all_up_s is None and len(actors) >= args.devices:
+        if all_up_s is None and len(actors) >= processes:
             all_up_s = t
         readings.append({"t": t, "actors": len(actors),
                          **{f"{g}_{k}": total(procs, k) for g, procs in groups.items() for k in ("rss", "pss", "uss")}})
@@ -164,18 +172,18 @@ def main() -> int:
     at = max(readings, key=lambda r: r["actors_pss"])  # the reading with the actors' peak PSS
     n = max(1, at["actors"])
     rows = [("actors (sum)", peak["actors_rss"], peak["actors_pss"], peak["actors_uss"]),
-            ("per actor (mean)", at["actors_rss"] / n, at["actors_pss"] / n, at["actors_uss"] / n),
+            ("per process (mean)", at["actors_rss"] / n, at["actors_pss"] / n, at["actors_uss"] / n),
             ("other Ray processes", peak["ray_rss"], peak["ray_pss"], peak["ray_uss"]),
             ("driver", peak["driver_rss"], peak["driver_pss"], peak["driver_uss"])]
     what = (f"{args.devices} bare Ray actors" if args.bare_ray else
-            f"{args.devices} emulated devices, {args.steps} steps, {samples} samples/step, {args.scenario}, "
+            f"{args.devices} emulated devices in {processes} processes, {args.steps} steps, {samples} samples/step, {args.scenario}, "
             f"time scale {args.time_scale:g}")
     print(f"\n{what}; {len(readings)} readings every {args.interval:g} s")
     print(f"{'peak MiB':<22} {'RSS':>9} {'PSS':>9} {'USS':>9}")
     for name, rss, pss, uss in rows:
         print(f"{name:<22} {rss / MB:>9.0f} {pss / MB:>9.0f} {uss / MB:>9.0f}")
-    print(f"actors seen at once: {max(r['actors'] for r in readings)}; all {args.devices} up after "
-          f"{'%.0f s' % all_up_s if all_up_s is not None else 'never'}; job wall {wall:.0f} s; "
+    print(f"actors seen at once: {max(r['actors'] for r in readings)}; all up after "
+          f"{'%.0f s' % all_up_s if all_up_s is not None else 'never'} ({processes} processes); job wall {wall:.0f} s; "
           f"actors mapping libtorch: {len(torch_pids)}")
     write_results("emulated_memory", {
         "args": vars(args), "command": command[2:], "wall_s": wall, "all_actors_up_s": all_up_s,

@@ -26,6 +26,8 @@ from poise.policy.split import parse_splits
 from poise.rewards.builtin import BUILTINS as REWARD_BUILTINS
 from poise.schema import check, help_factory, help_field, load
 
+AUTO_EMULATED_PROCESSES = 16  # emulation.devices_per_process auto: at most this many actor processes
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -262,9 +264,18 @@ class EmulationConfig:
                                                 "['workload.prompts_per_step=16']")
     time_scale: float = help_field(0.1, "wall seconds slept per cost-model second (0.1: a modelled 60 s step "
                                         "sleeps 6 s)")
+    devices_per_process: int = help_field(0, "emulated devices hosted by one Ray actor process (each keeps its own "
+                                             "thread and call order); 0 = auto: one each up to 16 devices, then "
+                                             "as many as keep 16 processes")
 
     def __post_init__(self) -> None:
         check(self.time_scale > 0, "time_scale", self.time_scale, "must be > 0, e.g. 0.1")
+        check(self.devices_per_process >= 0, "devices_per_process", self.devices_per_process,
+              "must be >= 0 (0 = auto, 1 = a process per device)")
+
+    def per_process(self, devices: int) -> int:
+        """Emulated devices per actor process for a job of `devices` (pool and reserve)."""
+        return self.devices_per_process or max(1, -(-devices // AUTO_EMULATED_PROCESSES))
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def test_bad_overrides_name_the_key(override, message):
     (["pipeline.mode=async", "pipeline.assist=true"], "pipeline.assist.*needs pipeline.mode=sync"),
     (["pipeline.mode=colocated", "pipeline.assist=true"], "pipeline.assist.*needs pipeline.mode=sync"),
     (["model.sft.threads=0"], "threads.*must be >= 1"),
+    (["emulation.devices_per_process=-1"], "devices_per_process.*must be >= 0"),
 ])
 def test_train_config_refuses_settings_that_cannot_apply(overrides, message):
     from poise.config import load_train_config

@@ -78,10 +78,12 @@ def test_unknown_scenario_fails_before_ray(tmp_path):
 
 
 @pytest.mark.ray
-# ~20 s each, nearly all of it 8 actors importing torch (Request/Sample live in rollout.engine);
-# non-streaming sync differs only inside TrainerGroup and runs in benchmarks/runtime_emulated.py
+# ~8 s each (8 torch-free actors; "hosted": 3 processes of up to 3 devices); non-streaming sync
+# differs only inside TrainerGroup and runs in benchmarks/runtime_emulated.py
 @pytest.mark.parametrize("mode", [["pipeline.mode=sync"], ["pipeline.mode=async"],
-                                  ["pipeline.mode=sync", "pipeline.assist=true"]], ids=["stream", "async", "assist"])
+                                  ["pipeline.mode=sync", "pipeline.assist=true"],
+                                  ["pipeline.mode=async", "emulation.devices_per_process=3"]],
+                         ids=["stream", "async", "assist", "hosted"])
 def test_emulated_run_delivers_every_sample_once(ray_session, tmp_path, mode):
     cfg = load_train_config(None, [*SMALL, f"run.dir={tmp_path}", "cluster.split=[5,3]", *mode])
     rows = train_disaggregated(cfg)

@@ -41,7 +41,7 @@ from poise.runtime.scale import ScaleOut, scale_rank_sets
 from poise.runtime.service import StreamGenerationService
 from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
-from poise.runtime.worker import DeviceWorker, WorkerSpec
+from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump
 from poise.train.checkpoint import (PENDING_SAMPLES, decode_samples, encode_samples, latest_checkpoint,
                                     prune_checkpoints)
@@ -102,7 +102,7 @@ class Runtime:
         self.start(Split(*split), self.transitions)
 
     def start(self, split: Split, transitions: list[tuple[Split, Split]]) -> None:
-        """Place one worker actor per device in the pool's bundles, in the roles of `split`."""
+        """Place the devices' worker actors in the pool's bundles, in the roles of `split`."""
         c, algo = self.cfg.cluster, self.cfg.algorithm
         port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
         resources = {"num_gpus": 1} if c.device == "cuda" else {}
@@ -111,10 +111,13 @@ class Runtime:
         resources["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(c.threads_per_device),
                                                  "TOKENIZERS_PARALLELISM": "false"}}
         world = c.devices + c.reserve_devices  # the reserve is in the torch world from the start, idle
-        self.workers = [DeviceWorker.options(scheduling_strategy=self.pool.strategy(d), num_cpus=1, **resources)
-                        .remote(d, world, port, self.spec) for d in range(c.devices)]
-        self.workers += [DeviceWorker.options(scheduling_strategy=self.reserve.strategy(i), num_cpus=1, **resources)
-                         .remote(c.devices + i, world, port, self.spec) for i in range(c.reserve_devices)]
+        # emulated devices may share a process (runtime/worker.py DeviceHost); real ones never do
+        per = self.cfg.emulation.per_process(world) if self.spec.emulated is not None else 1
+        self.workers = start_devices(list(range(c.devices)), self.pool.strategy, per, world, port, self.spec,
+                                     num_cpus=1, **resources)
+        if c.reserve_devices:
+            self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
+                                          self.spec, num_cpus=1, **resources)
         pool_rollout = split.rollout - len(self.joined)  # a restart (recovery) keeps the joined devices
         self.rollout_ranks = list(range(pool_rollout)) + self.joined
         self.train_ranks = list(range(pool_rollout, pool_rollout + split.train))

@@ -29,7 +29,8 @@ Test hooks (read by the driver, honoured by real Ray calls, never a mock):
   POISE_TEST_KILL=<phase>:<step>:<device>   ray.kill that device's actor at `phase` of `step`:
       generate (after the step's first samples arrived), train (generation over, its
       micro-batches queued or running), publish (the update done, the weight sync in flight),
-      checkpoint (before the step's checkpoint is written).
+      checkpoint (before the step's checkpoint is written). An emulated device that shares
+      its process (emulation.devices_per_process) dies with that process's other devices.
   POISE_TEST_HANG=<call>:<step>:<device>    the device's actor sleeps forever in `call`
       (submit or train) for the requests/micro-batches of `step` (runtime/worker.py).
 """
@@ -47,6 +48,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from poise.errors import PoiseError
+from poise.runtime import hosting
 
 KILL_ENV = "POISE_TEST_KILL"
 HANG_ENV = "POISE_TEST_HANG"
@@ -258,7 +260,7 @@ def stop_workers(workers: Sequence, timeout_s: float) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     for w in workers:
         try:
-            ray.kill(w)
+            hosting.kill(w)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -303,5 +305,5 @@ class Injector:
     def at(self, rt, phase: str, step: int) -> None:
         for h in [h for h in self.hooks if (h.phase, h.step) == (phase, step)]:
             self.hooks.remove(h)
-            ray.kill(rt.workers[h.device], no_restart=True)
+            hosting.kill(rt.workers[h.device])
             self.killed_at = time.time()

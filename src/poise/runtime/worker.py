@@ -6,17 +6,24 @@ them; real compute (`runtime/train_shard.py`, torch) and emulated compute (`runt
 sleeps priced by the cost model, no torch in the process) are two implementations of the same
 roles. The rollout engine runs on its own thread (`EngineLoop`): the driver hands requests in
 with `submit` and collects finished samples in batches with `take`.
+
+One exception to one process per device, for emulated compute only: `DeviceHost` holds several
+emulated devices in one process (`emulation.devices_per_process`; a Ray process alone costs
+~60 MiB), each with its own thread and its calls in the driver's order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
 import ray
 
+from poise.runtime.hosting import HostedDevice
 from poise.runtime.roles import EngineLoop
 from poise.runtime.storage import FileEndpoint
 
@@ -40,8 +47,10 @@ class WorkerSpec:
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
 
 
-@ray.remote
-class DeviceWorker(FileEndpoint):
+class Device(FileEndpoint):
+    """A device's calls; `DeviceWorker` is this class as a Ray actor (one process per device), and
+    `DeviceHost` holds several emulated ones in one process."""
+
     def __init__(self, rank: int, world_size: int, rendezvous: str, spec: WorkerSpec):
         self.rank = rank
         self.role: Role = "idle"
@@ -73,6 +82,10 @@ class DeviceWorker(FileEndpoint):
     def loaded_torch(self) -> bool:
         """Whether this actor's process imported torch (an emulated one must not)."""
         return "torch" in sys.modules
+
+    def process_id(self) -> int:
+        """The pid of the process this device runs in (emulated devices may share one)."""
+        return os.getpid()
 
     # ---- rollout role -------------------------------------------------------------------------
     def submit(self, requests: list, cap: int) -> None:
@@ -199,6 +212,65 @@ class DeviceWorker(FileEndpoint):
 
             while True:
                 time.sleep(3600)
+
+
+@ray.remote
+class DeviceWorker(Device):
+    """One device in a Ray actor process of its own."""
+
+
+@ray.remote
+class DeviceHost:
+    """Several emulated devices in one Ray actor process (`emulation.devices_per_process`). A Ray
+    worker process costs ~60 MiB before it imports anything and an emulated device's roles ~4 MiB,
+    so 64 emulated devices in 64 processes would hold ~4 GB to sleep. Each device keeps what an
+    actor of its own gives it: its calls run one at a time on a thread of its own, in the order
+    the driver submitted them (numbered by `runtime/hosting.py` HostedDevice); the host's devices
+    run concurrently. Real compute keeps one process per device (its torch.distributed rank)."""
+
+    def __init__(self, ranks: list[int], world_size: int, rendezvous: str, spec: WorkerSpec):
+        if spec.emulated is None:
+            raise ValueError("DeviceHost holds emulated devices only; real compute runs a DeviceWorker per device")
+        self.devices = {r: Device(r, world_size, rendezvous, spec) for r in ranks}
+        self.threads = {r: ThreadPoolExecutor(1, thread_name_prefix=f"device-{r}") for r in ranks}
+        self.next_call = dict.fromkeys(ranks, 0)
+        self.turns: asyncio.Condition | None = None  # made on the actor's event loop
+
+    async def call(self, rank: int, number: int, method: str, *args, **kwargs):
+        """Device `rank`'s call `number` (from 0, per device): queued on the device's thread once
+        every earlier call of that device is queued, so the thread runs them in order."""
+        if self.turns is None:
+            self.turns = asyncio.Condition()
+        async with self.turns:
+            await self.turns.wait_for(lambda: self.next_call[rank] == number)
+            done = asyncio.get_running_loop().run_in_executor(self.threads[rank], self._run, rank, method, args,
+                                                              kwargs)
+            self.next_call[rank] += 1
+            self.turns.notify_all()
+        return await done
+
+    def _run(self, rank: int, method: str, args: tuple, kwargs: dict):
+        return getattr(self.devices[rank], method)(*args, **kwargs)
+
+
+def start_devices(ranks: list[int], bundle, per_process: int, world_size: int, rendezvous: str, spec: WorkerSpec,
+                  **options) -> list:
+    """An actor handle per device of `ranks`, the i-th in bundle `bundle(i)` of its placement
+    group: a DeviceWorker each, or (`per_process` > 1, emulated compute) a DeviceHost per
+    `per_process` consecutive ranks, in the bundle of its first, and a HostedDevice per device."""
+    if per_process <= 1:
+        return [DeviceWorker.options(scheduling_strategy=bundle(i), **options).remote(r, world_size, rendezvous, spec)
+                for i, r in enumerate(ranks)]
+    env = options.get("runtime_env", {}).get("env_vars", {})
+    # a device's blocking ray.get runs on its own thread, never on the host's event loop
+    options["runtime_env"] = {"env_vars": {**env, "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}}
+    handles: list = []
+    for first in range(0, len(ranks), per_process):
+        chunk = ranks[first:first + per_process]
+        host = DeviceHost.options(scheduling_strategy=bundle(first), **options).remote(chunk, world_size, rendezvous,
+                                                                                       spec)
+        handles += [HostedDevice(host, r) for r in chunk]
+    return handles
 
 
 def _parse_hang(spec: str | None, rank: int) -> tuple[str, int] | None:
