@@ -1,6 +1,6 @@
 """Emulated compute on the real runtime vs the simulator: StreamRL pipeline modes on 16 devices.
 
-    .venv/bin/python benchmarks/runtime_emulated.py [--steps 6] [--warmup 1] [--time-scale 0.05]
+    .venv/bin/python benchmarks/runtime_emulated.py [--steps 6] [--warmup 1] [--time-scale 0.05] [--per-process 0]
 
 For each pipeline (non-streaming sync, streaming sync, one-step async) of the scenario
 `streamrl-pipeline` (16 devices, a 7B-like cost model, a long-tail reasoning mix), with the split
@@ -55,7 +55,8 @@ def train_config(args, mode: str, sc, split, batch_cap: int):
         f"dispatch.policy={d.policy}", f"dispatch.ranker={d.ranker}",
         f"dispatch.long_tail_fraction={d.long_tail_fraction}", f"dispatch.tail_batch_cap={d.tail_batch_cap}",
         f"dispatch.tail_instances={'null' if d.tail_instances is None else d.tail_instances}",
-        f"emulation.scenario={args.scenario}", f"emulation.time_scale={args.time_scale}", *pipeline_overrides(mode)])
+        f"emulation.scenario={args.scenario}", f"emulation.time_scale={args.time_scale}",
+        f"emulation.devices_per_process={args.per_process}", *pipeline_overrides(mode)])
 
 
 def replay(cfg, steps: int) -> list[dict]:
@@ -142,6 +143,8 @@ def main() -> int:
     ap.add_argument("--time-scale", type=float, default=0.05, help="wall seconds slept per modelled second")
     ap.add_argument("--devices", type=int, default=16)
     ap.add_argument("--scenario", default="streamrl-pipeline")
+    ap.add_argument("--per-process", type=int, default=0,
+                    help="emulation.devices_per_process (0: auto, one per process up to 16 devices)")
     ap.add_argument("--modes", default="sync,stream,async")
     args = ap.parse_args()
     total = args.warmup + args.steps

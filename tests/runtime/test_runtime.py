@@ -112,6 +112,19 @@ def test_rollout_devices_assisting_the_trainer_change_nothing(ray_session, runs,
     got.assert_bitwise_equal(reference, f"sync {split} with assist vs colocated")
 
 
+@pytest.mark.parametrize("split, extra", [((2, 2), ()), ((1, 3), ("pipeline.assist=true",))],
+                         ids=["2+2", "1+3-assist"])
+def test_non_streaming_sync_with_samples_sent_ahead_changes_nothing(ray_session, runs, reference, warm_start,
+                                                                    split, extra):
+    """pipeline.streaming=false: every micro-batch complete before the batch is goes to its owner
+    ahead of the call that trains it (with assist, some then go to a rollout device instead);
+    the update is still the colocated loop's, bit for bit."""
+    got = runs.disaggregated("sync", split, "pipeline.streaming=false", *extra)
+    got.assert_learned(warm_start)
+    _assert_syncs(got, split)
+    got.assert_bitwise_equal(reference, f"non-streaming sync {split} {extra} vs colocated")
+
+
 def test_sync_weight_digests_agree_across_splits(ray_session, runs):
     digests = [_sync_digests(runs.disaggregated("sync", split)) for split in SPLITS]
     assert digests[0] == digests[1] == digests[2]

@@ -19,9 +19,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
 from poise.types import Request, Sample
+
+
+@dataclass(frozen=True)
+class StagedSamples:
+    """In a train call, in place of a micro-batch's samples: those sent to the device ahead of it
+    (`DeviceWorker.stage_samples`) under `key` = (step, mini-batch, micro-batch)."""
+
+    key: tuple[int, int, int]
 
 
 class RolloutEngine(Protocol):

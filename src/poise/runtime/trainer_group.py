@@ -20,6 +20,7 @@ from poise.algo.losses import group_advantages
 from poise.errors import PoiseError
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
+from poise.runtime.roles import StagedSamples
 from poise.train.reduce import index_nodes
 from poise.types import Sample, SampleId
 
@@ -72,6 +73,7 @@ class TrainerGroup:
         self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
         self.update_refs: list = []  # per mini-batch, every train device's update
         self.contribute_refs: list = []  # (helper rank, ObjectRef) of the helpers' parts of reductions
+        self.stage_refs: list = []  # (device rank, ObjectRef) of micro-batches sent ahead (_stage_ahead)
 
     def set_devices(self, workers: Sequence[object], ranks: Sequence[int], helpers: Sequence[object] = (),
                     helper_ranks: Sequence[int] = ()) -> None:
@@ -79,6 +81,7 @@ class TrainerGroup:
         nothing of a step is in flight)."""
         self.workers, self.ranks = list(workers), list(ranks)
         self.helpers, self.helper_ranks = list(helpers), list(helper_ranks)
+        self.prestaged: dict[tuple[int, int], int] = {}  # what went to the old devices travels again
 
     def start_step(self, plan: StepPlan) -> StepLedger:
         self.plan = plan
@@ -92,6 +95,8 @@ class TrainerGroup:
         # per mini-batch, device position (train devices, then helpers) -> the micro-batches it computes
         self.held: list[dict[int, list[int]]] = [{} for _ in plan.minis]
         self.micro_refs, self.update_refs, self.contribute_refs = [], [], []
+        self.prestaged = {}  # (mini, micro) -> the train device (position) its samples were sent ahead to
+        self.stage_refs = []
         return self.ledger
 
     def feed(self, scored: Sequence[tuple[Sample, float]]) -> None:
@@ -115,6 +120,17 @@ class TrainerGroup:
                 self.advantages.update(zip(group, adv.tolist()))
         if self.streaming or self.ledger.complete:
             self._dispatch_ready()
+        self._stage_ahead()
+
+    def _stage_ahead(self) -> None:
+        """Send each complete micro-batch that cannot start yet (without streaming: until the whole
+        batch is in) to the train device that owns it, which fetches the samples while generation
+        goes on; the call that starts it then has nothing to fetch."""
+        for u, j in sorted(self.staged.keys() - self.prestaged.keys()):
+            d = self.plan.minis[u].owner(j)
+            self.stage_refs.append((self.ranks[d], self.workers[d].stage_samples.remote((self.plan.step, u, j),
+                                                                                        self.staged[(u, j)])))
+            self.prestaged[(u, j)] = d
 
     def _dispatch_ready(self) -> None:
         devices = self.workers + self.helpers
@@ -133,8 +149,10 @@ class TrainerGroup:
                 owners = {j: mini.owner(j) for j in ready}
             batches: dict[int, list[tuple[int, object, list[float]]]] = {}  # device position -> its ready batches
             for j in ready:
-                batches.setdefault(owners[j], []).append(
-                    (j, self.staged.pop((mini.index, j)), [self.advantages[i] for i in mini.micro[j]]))
+                ref = self.staged.pop((mini.index, j))
+                if self.prestaged.get((mini.index, j)) == owners[j]:  # the device holds them already
+                    ref = StagedSamples((self.plan.step, mini.index, j))
+                batches.setdefault(owners[j], []).append((j, ref, [self.advantages[i] for i in mini.micro[j]]))
                 self.held[mini.index].setdefault(owners[j], []).append(j)
                 done.add(j)
             # one call per device for whatever became ready together (every control-plane call is
@@ -173,8 +191,8 @@ class TrainerGroup:
     def queued_refs(self) -> list:
         """Every call queued in the current step (micro-batches, updates, helpers' parts of the
         reductions); none before the first step."""
-        return ([ref for _, _, ref in self.micro_refs] + [ref for per_mini in self.update_refs for ref in per_mini]
-                + [ref for _, ref in self.contribute_refs])
+        return ([ref for _, ref in self.stage_refs] + [ref for _, _, ref in self.micro_refs]
+                + [ref for per_mini in self.update_refs for ref in per_mini] + [ref for _, ref in self.contribute_refs])
 
     def last_update_ref(self):
         """The train leader's (first train device's) last update of the step, once all are queued."""
@@ -190,6 +208,8 @@ class TrainerGroup:
         self.ledger.check_complete()
         self._dispatch_ready()
         what = f"training of step {self.plan.step}"
+        wait([ref for _, ref in self.stage_refs], [rank for rank, _ in self.stage_refs], what, self.step_timeout_s,
+             role="train")
         done = wait([ref for _, _, ref in self.micro_refs], [rank for _, rank, _ in self.micro_refs],
                     what, self.step_timeout_s, role="train")
         records = {(u, j): m for ((u, js), _, _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}

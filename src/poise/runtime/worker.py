@@ -24,7 +24,7 @@ from typing import Literal
 import ray
 
 from poise.runtime.hosting import HostedDevice
-from poise.runtime.roles import EngineLoop
+from poise.runtime.roles import EngineLoop, StagedSamples
 from poise.runtime.storage import FileEndpoint
 
 Role = Literal["rollout", "train", "idle"]
@@ -59,6 +59,7 @@ class Device(FileEndpoint):
         build = _emulated_roles if spec.emulated is not None else _real_roles
         engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
+        self.staged: dict[tuple[int, int, int], list] = {}  # stage_samples: key -> a micro-batch's samples
 
     def _with_engine(self, fn):
         return self.loop.with_engine(fn)
@@ -144,10 +145,18 @@ class Device(FileEndpoint):
         return self.sync.groups_created_after_prewarm()
 
     # ---- train role ---------------------------------------------------------------------------
+    def stage_samples(self, key: tuple[int, int, int], samples: list) -> None:
+        """A micro-batch's samples, sent ahead of the call that trains it (Ray fetches them before
+        this call runs, while generation goes on); `key` = (step, mini-batch, micro-batch). What a
+        step older than the one before `key`'s left here (a micro-batch that went elsewhere) goes."""
+        self.staged = {k: v for k, v in self.staged.items() if k[0] >= key[0] - 1}
+        self.staged[key] = samples
+
     def train_micro_batches(self, batches: list[tuple[int, object, list[float]]]) -> list[dict]:
-        """Forward/backward of each (micro-batch index, its samples' ObjectRef, their advantages), in
-        the order given; returns each one's stats."""
-        samples = ray.get([ref for _, ref, _ in batches])
+        """Forward/backward of each (micro-batch index, its samples' ObjectRef or StagedSamples,
+        their advantages), in the order given; returns each one's stats."""
+        fetched = iter(ray.get([x for _, x, _ in batches if not isinstance(x, StagedSamples)]))
+        samples = [self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched) for _, x, _ in batches]
         self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
