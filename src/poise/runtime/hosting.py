@@ -5,7 +5,10 @@ A `HostedDevice` is called like an actor handle, `device.method.remote(*args)`, 
 call's ObjectRef, so the driver, the services and the fault handler treat both alike. It numbers
 the calls it submits; the host runs a device's calls in that order, one at a time, which is what
 Ray guarantees a single-threaded actor's caller. The numbering lives in the driver, so the handle
-cannot be sent to another process.
+cannot be sent to another process. A call whose ObjectRef argument cannot be resolved never
+reaches the host, so the device's later calls wait: the step's deadline (runtime/faults.py)
+reports that as a hang. The driver passes no such argument: its only top-level reference is a
+micro-batch it put in the object store itself.
 """
 
 from __future__ import annotations
