@@ -46,6 +46,17 @@ def test_every_request_comes_back_once_under_the_cap():
     assert max(peak) == 3
 
 
+def test_wait_idle_returns_once_every_request_is_out():
+    """What a train device that generated (pipeline.assist) waits for before its update."""
+    lengths = {(0, 0, j): 40 + 20 * j for j in range(4)}
+    loop = EngineLoop(_engine(lengths, slots=2))
+    loop.submit([Request(sid, (1, 2)) for sid in lengths], cap=2)
+    loop.wait_idle()
+    samples, in_flight, _busy = loop.take(0.0)
+    loop.close()
+    assert in_flight == 0 and sorted(s.sample_id for s in samples) == sorted(lengths)
+
+
 def test_generation_goes_on_while_nobody_takes():
     lengths = {(0, 0, j): 10 for j in range(4)} | {(0, 1, j): 200 for j in range(4)}
     loop = EngineLoop(_engine(lengths, slots=8))

@@ -57,6 +57,9 @@ class Runs:
     def colocated(self):
         return self._run(("colocated",), train_colocated, "pipeline.mode=colocated")
 
+    def colocated_with(self, *extra: str):
+        return self._run(("colocated", *extra), train_colocated, "pipeline.mode=colocated", *extra)
+
     def disaggregated(self, mode: str, split: tuple[int, int], *extra: str):
         return self._run((mode, *split, *extra), train_disaggregated, *RUNTIME, f"pipeline.mode={mode}",
                          f"cluster.split=[{split[0]},{split[1]}]", *extra)
@@ -100,16 +103,29 @@ def test_sync_bitwise_equals_colocated_for_every_split(ray_session, runs, refere
 
 
 @pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
-def test_rollout_devices_assisting_the_trainer_change_nothing(ray_session, runs, reference, warm_start, split):
-    """pipeline.assist: when generation ends the rollout devices compute a share of the micro-batches
-    not yet started; the update is still the colocated loop's, bit for bit."""
+def test_devices_assisting_the_other_role_change_nothing(ray_session, runs, reference, warm_start, split):
+    """pipeline.assist: the train devices generate beside the rollout devices (they hold the same
+    weights), and when generation ends the rollout devices compute a share of the micro-batches
+    not yet started; samples and update are still the colocated loop's, bit for bit."""
     got = runs.disaggregated("sync", split, "pipeline.assist=true")
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
     helped = {(e["step"], e["micro_batch"]) for e in got.events if e["kind"] == "interval"
               and e["phase"] == "micro_batch" and e["device"] < split[0]}  # rollout devices are 0..R-1
     assert {k for k, _ in helped} == set(range(STEPS)), f"no rollout device trained in some step: {sorted(helped)}"
+    lent = {(e["step"], e["instance"]) for e in got.events if e["kind"] == "sample" and e["instance"] >= split[0]}
+    assert {k for k, _ in lent} == set(range(STEPS)), f"no train device generated in some step: {sorted(lent)}"
     got.assert_bitwise_equal(reference, f"sync {split} with assist vs colocated")
+
+
+def test_assist_with_two_updates_a_step_equals_colocated(ray_session, runs, warm_start):
+    """Two mini-batches, two updates a step: samples a train device generates carry the step's
+    weights version (not a count of updates), and its updates wait for its engine to be idle
+    (EngineLoop.wait_idle, tests/runtime/test_roles.py), so no sample mixes weights."""
+    ref = runs.colocated_with("algorithm.updates_per_step=2")
+    got = runs.disaggregated("sync", (2, 2), "pipeline.assist=true", "algorithm.updates_per_step=2")
+    got.assert_learned(warm_start)
+    got.assert_bitwise_equal(ref, "sync 2+2 with assist and 2 updates a step vs colocated")
 
 
 @pytest.mark.parametrize("split, extra", [((2, 2), ()), ((1, 3), ("pipeline.assist=true",))],

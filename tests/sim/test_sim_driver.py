@@ -41,14 +41,17 @@ def test_sync_step_is_rollout_plus_train_plus_sync_by_hand():
     assert s.total_s == pytest.approx(6 * (rollout + train) + 5 * 1.0)
 
 
-def test_assist_shares_the_training_tail_with_the_rollout_device_by_hand():
-    """pipeline.assist: the 2 micro-batches of 4 samples x 60 tokens go one to the train device and
-    one to the rollout device, which is free once generation ends."""
+def test_assist_shares_generation_and_the_training_tail_by_hand():
+    """pipeline.assist: the train device generates beside the rollout device (round robin: 2 of the
+    4 prompts, 4 samples each), then the 2 micro-batches of 4 samples x 60 tokens go one to the
+    train device and one to the rollout device, which is free once generation ends."""
     sim = Simulation(tiny("sync", pipeline={"mode": "sync", "streaming": False, "assist": True}))
     sim.run()
+    assert sim.records[1].rollout_s == pytest.approx(50 * (0.01 + 0.001 * 4))  # 4 sequences per instance
     assert sim.records[1].train_s == pytest.approx(0.001 * 4 * 60 + 1.0)  # one micro-batch, then the step
     without = Simulation(tiny("sync"))
     without.run()
+    assert without.records[1].rollout_s == pytest.approx(50 * (0.01 + 0.001 * 8))
     assert without.records[1].train_s == pytest.approx(0.001 * 8 * 60 + 1.0)
 
 

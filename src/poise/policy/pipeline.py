@@ -26,11 +26,13 @@ class PipelineConfig:
     streaming: bool = help_field(True, "sync: train on samples as they arrive (dynamic-batch pipelining, StreamRL "
                                        "§4.1); false waits for the whole batch. async trains each step's batch whole, "
                                        "generated during the step before")
-    assist: bool = help_field(False, "sync: when generation ends, the rollout devices (idle until the weight sync, "
-                                     "holding the same weights) compute gradients of the first mini-batch's "
-                                     "micro-batches not yet started, beside the train devices, which alone hold "
-                                     "the optimizer and step; the update is the same, bit for bit. Not in async "
-                                     "(the rollout devices generate the next step) nor in the simulator")
+    assist: bool = help_field(False, "sync: each role lends its idle devices to the other. The train devices, "
+                                     "which hold the step's weights while it generates, generate too; when "
+                                     "generation ends, the rollout devices (idle until the weight sync, holding "
+                                     "the same weights) compute gradients of the first mini-batch's micro-batches "
+                                     "not yet started, beside the train devices, which alone hold the optimizer "
+                                     "and step. Samples and update are the same, bit for bit. Not in async (every "
+                                     "device is busy there)")
 
     @property
     def kind(self) -> str:

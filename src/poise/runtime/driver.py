@@ -136,7 +136,8 @@ class Runtime:
         old = self.service
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
                                                self.dispatcher, self.ranker, algo.group_size,
-                                               self.cfg.rollout.num_slots, step_timeout_s=c.step_timeout_s)
+                                               self.cfg.rollout.num_slots, step_timeout_s=c.step_timeout_s,
+                                               **self.lenders())
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
@@ -148,6 +149,12 @@ class Runtime:
         prewarmed group of the pool), which compute a share of the training tail."""
         ranks = [d for d in self.rollout_ranks if d not in self.joined] if self.cfg.pipeline.assist else []
         return {"helpers": [self.workers[d] for d in ranks], "helper_ranks": ranks}
+
+    def lenders(self) -> dict:
+        """`pipeline.assist`: the train devices, which generate beside the rollout devices while
+        a sync step generates (they hold that step's weights)."""
+        ranks = list(self.train_ranks) if self.cfg.pipeline.assist else []
+        return {"lenders": [self.workers[d] for d in ranks], "lender_devices": ranks}
 
     def stop(self) -> None:
         """Shut every worker down and kill its actor (the placement group stays); a dead or hung
@@ -226,7 +233,8 @@ class Driver:
         """Step `step` up to weights version k+1 on every rollout device. Once its update is done
         (`self.trained`), running it again after a recovery only publishes the weights again."""
         if self.trained is None:
-            self.rt.trainer.start_step(self.plan(step))  # expected ids, mini/micro-batches and owners
+            # expected ids, mini/micro-batches and owners; the weights version its last update makes
+            self.rt.trainer.start_step(self.plan(step), self.version + 1)
             if self.kind == "async":  # train on step k (generated last step) while generating k+1
                 scored = self.generated.get(step) or self.generate(step, problems)
                 self.generated[step] = scored

@@ -199,6 +199,15 @@ class EngineLoop:
             self._in_flight += len(partials) + len(requests)
             self._cv.notify_all()
 
+    def wait_idle(self) -> None:
+        """Block until every request handed in has finished and the loop is between steps: a train
+        device that generated (`pipeline.assist`) must not change the weights its engine reads."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._in_flight == 0 or self._error is not None)
+            self._raise_error()
+        with self._engine_lock:
+            pass
+
     def with_engine(self, fn):
         """Run `fn(engine)` with the loop paused between steps (weights, versions, checkpoints)."""
         with self._engine_lock:

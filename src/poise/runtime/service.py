@@ -36,9 +36,10 @@ class _Instance:
 class StreamGenerationService:
     def __init__(self, workers: Sequence[object], devices: Sequence[int], dispatcher: Dispatcher,
                  ranker: LengthRanker | None, group_size: int, num_slots: int, take_seconds: float = 0.5,
-                 step_timeout_s: float = 600.0):
+                 step_timeout_s: float = 600.0, lenders: Sequence[object] = (), lender_devices: Sequence[int] = ()):
         self.step_timeout_s = step_timeout_s  # an instance with work and no engine step this long is hung
         self.instances = [_Instance(w, d) for w, d in zip(workers, devices)]
+        self.set_lenders(lenders, lender_devices)
         self.dispatcher, self.ranker = dispatcher, ranker
         self.group_size, self.num_slots, self.take_seconds = group_size, num_slots, take_seconds
         self.instance_of: dict[SampleId, int] = {}  # sample id -> device that generated it
@@ -48,24 +49,35 @@ class StreamGenerationService:
         self._caps: dict[int, int] = {}  # device -> live-batch cap of the step in flight
         self.carried: list[Sample] = []  # finished on a device a resize took, not yet streamed
 
+    def set_lenders(self, workers: Sequence[object], devices: Sequence[int]) -> None:
+        """`pipeline.assist` (sync): the train devices, which hold the step's weights while it
+        generates, take prompt groups too; they receive no weight sync (they made the weights)."""
+        self.lent = [_Instance(w, d) for w, d in zip(workers, devices)]
+
+    @property
+    def generating(self) -> list[_Instance]:
+        """The instances a step's generation is planned over: rollout devices, then lent ones."""
+        return self.instances + self.lent
+
     def start_step(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]]) -> DispatchPlan:
         """Plan the step's prompt groups over the instances and hand every instance its queue."""
         prompts = [Prompt(p.uid, p.prompt) for p in problems]
-        plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.num_slots) for i in range(len(self.instances))])
-        queues: list[list[Request]] = [[] for _ in self.instances]
+        instances = self.generating
+        plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.num_slots) for i in range(len(instances))])
+        queues: list[list[Request]] = [[] for _ in instances]
         for prompt_index, instance_id in plan.order:
             self._prompts[(step, prompt_index)] = prompts[prompt_index]
             for j in range(self.group_size):
                 queues[instance_id].append(Request((step, prompt_index, j), prompt_ids[prompt_index]))
-                self.instance_of[(step, prompt_index, j)] = self.instances[instance_id].device
+                self.instance_of[(step, prompt_index, j)] = instances[instance_id].device
         caps = [max(1, min(self.num_slots, plan.batch_caps.get(i, self.num_slots))) for i in range(len(queues))]
-        self._caps = {inst.device: cap for inst, cap in zip(self.instances, caps)}
+        self._caps = {inst.device: cap for inst, cap in zip(instances, caps)}
         # not awaited: an actor runs one caller's calls in order, so every `take` comes after its
-        # `submit`, and a failed submit surfaces there
-        for inst, q, cap in zip(self.instances, queues, caps):
+        # `submit`, and a failed submit surfaces there (a lent train device runs it after its update)
+        for inst, q, cap in zip(instances, queues, caps):
             if q:
                 inst.worker.submit.remote(q, cap)
-        for inst, q in zip(self.instances, queues):
+        for inst, q in zip(instances, queues):
             inst.in_flight = len(q)
         self._step = step
         return plan
@@ -75,9 +87,9 @@ class StreamGenerationService:
         if self.carried:
             batch, self.carried = self.carried, []
             yield batch
-        refs = {inst.worker.take.remote(self.take_seconds): inst for inst in self.instances if inst.in_flight}
+        refs = {inst.worker.take.remote(self.take_seconds): inst for inst in self.generating if inst.in_flight}
         # the heartbeat: each instance's engine step count and when it last changed
-        progress = {inst.device: (-1, time.time()) for inst in self.instances}
+        progress = {inst.device: (-1, time.time()) for inst in self.generating}
         while refs:
             ray.wait(list(refs), num_returns=1, timeout=self.step_timeout_s)  # the first instance with news ...
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)  # ... and every other one

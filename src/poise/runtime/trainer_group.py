@@ -83,8 +83,9 @@ class TrainerGroup:
         self.helpers, self.helper_ranks = list(helpers), list(helper_ranks)
         self.prestaged: dict[tuple[int, int], int] = {}  # what went to the old devices travels again
 
-    def start_step(self, plan: StepPlan) -> StepLedger:
-        self.plan = plan
+    def start_step(self, plan: StepPlan, version: int) -> StepLedger:
+        """`version`: the weights version the step's last update makes."""
+        self.plan, self.version = plan, version
         self.ledger = StepLedger(plan)
         self.rewards: dict[SampleId, float] = {}
         self.advantages: dict[SampleId, float] = {}
@@ -181,8 +182,10 @@ class TrainerGroup:
         normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
                                      self.loss_agg)
         micro = [ref for (u, _), _, ref in self.micro_refs if u == mini.index]
+        version = self.version if mini.index == len(self.plan.minis) - 1 else None  # the step's last update
         self.update_refs.append([w.apply_update.remote(m, sorted(held.get(d, [])), normaliser, ranks, rows,
-                                                       micro if d == 0 else None, None if d == 0 else micro)
+                                                       micro if d == 0 else None, None if d == 0 else micro,
+                                                       version=version)
                                  for d, w in enumerate(self.workers)])
         self.contribute_refs += [(device_ranks[d], devices[d].contribute.remote(m, sorted(held.get(d, [])), ranks,
                                                                                  rows, micro))

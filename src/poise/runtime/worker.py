@@ -161,20 +161,25 @@ class Device(FileEndpoint):
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
-                     rows: int, after: list | None = None, requires: list | None = None) -> dict:
+                     rows: int, after: list | None = None, requires: list | None = None,
+                     version: int | None = None) -> dict:
         """One reduction (of micro-batches `indices` here with those of the other `ranks`) and
         optimizer step; the leader's `after` holds every micro-batch of the mini-batch, so the
         update it publishes ends after the last one (the all-gather imposes that on every rank with
         real compute; an emulated shard has no collective). `requires`: calls that must have
         succeeded first (runtime/faults.py: a device never enters a collective that a failed or
-        dead peer cannot join, where it would wait for gloo's timeout)."""
+        dead peer cannot join, where it would wait for gloo's timeout). `version`: the weights version
+        the step's last update makes; samples this device generates next carry it (`pipeline.assist`)."""
         if requires:
             ray.get(requires)
         inputs_ready = None
         if after:  # every micro-batch's record: the last one's end is when the all-gather could start
             inputs_ready = max(record["end"] for records in ray.get(after) for record in records)
+        self.loop.wait_idle()  # a train device lent to generation (pipeline.assist) has finished it
         out = self.shard.apply_update(num_micro_batches, indices, normaliser, ranks, rows, inputs_ready)
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
+        if version is not None:
+            self.loop.with_engine(lambda engine: engine.set_weights_version(version))
         return out
 
     def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int,

@@ -10,7 +10,8 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
     generate dispatcher.plan over the step's prompt groups (all G samples of a prompt on one
              instance, as the runtime's stream generation service does) -> each instance runs
              continuous batching (policy.cost kernel); every sample's finish time is exact on
-             the virtual clock.
+             the virtual clock. With pipeline.assist (sync) the train devices are instances too,
+             after the rollout ones, and each trains once its own generation is over.
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
@@ -185,6 +186,7 @@ class Simulation:
         self.decisions: list[Decision] = []
         self.resizes: list[dict[str, Any]] = []
         self._busy = {"rollout": 0.0, "train": 0.0}
+        self._lent_end: dict[int, float] = {}  # pipeline.assist: train device -> end of its generation
         self._partial: dict[int, tuple[int, int]] = {}  # sample -> (aborted on, tokens kept)
         self._role_time = {"rollout": 0.0, "train": 0.0}
 
@@ -286,17 +288,21 @@ class Simulation:
             by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
         self._oracle = {pid: sum(v) / len(v) for pid, v in by_prompt.items()}
         n_inst = self.instances(k)
+        # pipeline.assist (sync): the train devices generate too, after the rollout instances
+        n_lent = self.split.train // self.tp if self.sc.pipeline.assist and self.sc.kind != "async" else 0
         prompts, members = self.groups(samples, range(len(samples)))
-        plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.batch_cap) for i in range(n_inst)])
-        queues: dict[int, list[int]] = {i: [] for i in range(n_inst)}
+        plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.batch_cap) for i in range(n_inst + n_lent)])
+        queues: dict[int, list[int]] = {i: [] for i in range(n_inst + n_lent)}
         for group, inst in plan.order:  # a prompt's samples follow it, in sample-index order
             queues[inst] += members[group]
         finish = [0.0] * len(samples)
         instance_of = [0] * len(samples)
         admitted = [0.0] * len(samples)
+        self._lent_end = {}  # train device -> when its own generation ends (it trains after)
         for inst, reqs in queues.items():
             adm = [0.0] * len(reqs)
-            begin = max(start, self._ready(inst))  # a joined instance: once its weights arrived
+            lent = inst >= n_inst  # a train device's instance: it holds the step's weights from the start
+            begin = start if lent else max(start, self._ready(inst))  # a joined instance: once its weights arrived
             times = instance_finish_times(self.cost, [samples[r].output_length for r in reqs],
                                           [samples[r].prompt_len for r in reqs], plan.batch_caps[inst],
                                           begin, adm)
@@ -305,7 +311,11 @@ class Simulation:
             if reqs:
                 end = max(times) if abort_at is None else min(max(times), max(abort_at, begin))
                 self._busy["rollout"] += (end - begin) * self.tp
-                self._interval_instance(inst, "rollout", "generate", k, begin, end)
+                first = self.split.rollout + (inst - n_inst) * self.tp if lent else None
+                self._interval_instance(inst, "rollout", "generate", k, begin, end, first)
+                if lent:
+                    self._lent_end.update(dict.fromkeys(range((inst - n_inst) * self.tp,
+                                                              (inst - n_inst + 1) * self.tp), end))
         if plan.tail_instances or self.sc.dispatch.policy == "skew_aware":
             self.log.event("decision", start, what="dispatch", step=k, reason=plan.reason,
                            tail_instances=list(plan.tail_instances))
@@ -373,6 +383,8 @@ class Simulation:
             t, busy, begun = (free, 0.0, None) if stream else (max(free, gen_end), 0.0, None)
             if d >= t_dev:  # a helping rollout device: free once generation ends
                 t = gen_end
+            else:  # a train device that generated (pipeline.assist): free once its own generation ends
+                t = max(t, self._lent_end.get(d, 0.0))
             # stream: its micro-batches as they complete; otherwise in index order
             for j in sorted(queue, key=lambda j: (ready[j], j)) if stream else queue:
                 if tokens[j] == 0:
@@ -483,10 +495,13 @@ class Simulation:
             self.log.event("interval", end, device=device, role=role, phase=phase, step=step,
                            start=start, end=end, **extra)
 
-    def _interval_instance(self, inst: int, role: str, phase: str, step: int, start: float, end: float) -> None:
+    def _interval_instance(self, inst: int, role: str, phase: str, step: int, start: float, end: float,
+                           first: int | None = None) -> None:
+        """`first`: the instance's first device where the instance number does not say (a lent one)."""
         mode = self.sc.log.intervals
         base = self.split.rollout // self.tp  # a joined instance's devices follow the pool's
-        first = inst * self.tp if inst < base else self.sc.cluster.devices + (inst - base) * self.tp
+        if first is None:
+            first = inst * self.tp if inst < base else self.sc.cluster.devices + (inst - base) * self.tp
         if mode == "device":
             for d in range(first, first + self.tp):
                 self._interval(d, role, phase, step, start, end)
