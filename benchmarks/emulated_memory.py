@@ -33,7 +33,7 @@ from pathlib import Path
 
 from results import write_results  # benchmarks/results.py
 
-from poise.config import AUTO_EMULATED_PROCESSES
+from poise.config import EmulationConfig
 
 ACTOR = ("ray::DeviceWorker", "ray::DeviceHost")  # a device's own process, or one of several devices
 MB = 2**20
@@ -129,7 +129,7 @@ def main() -> int:
     args = ap.parse_args()
 
     samples = args.devices * args.group
-    per = args.per_process or max(1, -(-args.devices // AUTO_EMULATED_PROCESSES))
+    per = EmulationConfig(devices_per_process=args.per_process).per_process(args.devices)
     processes = args.devices if args.bare_ray else -(-args.devices // per)
     overrides = [
         "run.progress=false", f"run.steps={args.steps}", "run.dir=runs/bench-emulated-memory", "run.overwrite=true",

@@ -131,8 +131,7 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     peer = next(d for d in rt.train_ranks if d in new_train)  # a train device that stays
     rt.rollout_ranks, rt.train_ranks, rt.leader = new_rollout, new_train, new_train[0]
     rt.trainer.set_devices([workers[d] for d in new_train], new_train, **rt.helpers())
-    lent = rt.lenders()
-    rt.service.set_lenders(lent["lenders"], lent["lender_devices"])
+    rt.service.set_lenders(**rt.lenders())
     report.phases["group_switch"] = time.perf_counter() - t
 
     t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward

@@ -49,10 +49,10 @@ class StreamGenerationService:
         self._caps: dict[int, int] = {}  # device -> live-batch cap of the step in flight
         self.carried: list[Sample] = []  # finished on a device a resize took, not yet streamed
 
-    def set_lenders(self, workers: Sequence[object], devices: Sequence[int]) -> None:
+    def set_lenders(self, lenders: Sequence[object], lender_devices: Sequence[int]) -> None:
         """`pipeline.assist` (sync): the train devices, which hold the step's weights while it
         generates, take prompt groups too; they receive no weight sync (they made the weights)."""
-        self.lent = [_Instance(w, d) for w, d in zip(workers, devices)]
+        self.lent = [_Instance(w, d) for w, d in zip(lenders, lender_devices)]
 
     @property
     def generating(self) -> list[_Instance]:

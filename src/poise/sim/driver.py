@@ -288,8 +288,8 @@ class Simulation:
             by_prompt.setdefault(s.prompt.prompt_id, []).append(s.output_length)
         self._oracle = {pid: sum(v) / len(v) for pid, v in by_prompt.items()}
         n_inst = self.instances(k)
-        # pipeline.assist (sync): the train devices generate too, after the rollout instances
-        n_lent = self.split.train // self.tp if self.sc.pipeline.assist and self.sc.kind != "async" else 0
+        # pipeline.assist (sync only, as the config enforces): the train devices generate too, after the rollout ones
+        n_lent = self.split.train // self.tp if self.sc.pipeline.assist else 0
         prompts, members = self.groups(samples, range(len(samples)))
         plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.batch_cap) for i in range(n_inst + n_lent)])
         queues: dict[int, list[int]] = {i: [] for i in range(n_inst + n_lent)}
