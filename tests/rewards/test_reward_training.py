@@ -9,7 +9,7 @@ import pytest
 
 from poise.config import load_train_config
 from poise.train.colocated import train_colocated
-from user_rewards import ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
+from user_rewards import BRIEF, ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
 
 ITEMS = USER_ITEMS  # tests/rewards/user_rewards.py
 
@@ -56,11 +56,13 @@ def flaky(prompts, completions, answer, **kwargs):
 
 @pytest.mark.slow
 def test_user_reward_rises_over_a_control_that_cannot_learn(tmp_path, warm_start):
-    """~65 s: 30 steps of 16 x 8 samples, twice."""
-    (tmp_path / "my_reward.py").write_text(ITEMS)
+    """~30 s: 30 steps of 16 x 8 samples, twice. The reward is one a policy learns fast (shorter
+    completions score higher): with the items reward the learner's margin over the control was
+    within a seed's noise, and the test passed or failed with the machine's rounding."""
+    (tmp_path / "my_reward.py").write_text(BRIEF)
     common = ["run.steps=30", "algorithm.prompts_per_step=16", "algorithm.group_size=8", "algorithm.updates_per_step=2",
               "algorithm.micro_batch_size=32", "algorithm.sampling.max_new_tokens=24",
-              f"reward.functions=[{tmp_path}/my_reward.py:sorted_items]"]
+              f"reward.functions=[{tmp_path}/my_reward.py:brief]"]
     learner = [r["reward_mean"] for r in _run(tmp_path / "learner", warm_start, *common, "algorithm.lr=2e-3")]
     control = [r["reward_mean"] for r in _run(tmp_path / "control", warm_start, *common, "algorithm.lr=1e-12")]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731

@@ -12,6 +12,13 @@ def sorted_items(prompts, completions, answer, **kwargs):
     return out
 '''
 
+# One the policy learns within a few steps, whatever the machine's rounding: shorter completions
+# score higher (the items reward rises by ~0.03 in 30 steps, within a seed's noise).
+BRIEF = '''
+def brief(prompts, completions, answer, **kwargs):
+    return [max(0.0, 1.0 - len(c) / 24) for c in completions]
+'''
+
 # ... and one that raises for some samples (each such call is a counted failure)
 FLAKY = '''
 def flaky(prompts, completions, answer, **kwargs):

@@ -17,21 +17,6 @@ from dataclasses import dataclass
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """GRPO outcome advantages (DeepSeekMath §4.1.2).
-
-    rewards: [P, G] — P prompts, G responses each. Returns [P, G]:
-    (r - mean_g r) / (std_g r + eps) with the unbiased std, or only centred when `scale` is False
-    (Dr. GRPO). A group whose rewards are all equal gets advantage 0.
-    """
-    if rewards.dim() != 2 or rewards.shape[1] < 2:
-        raise ValueError(f"rewards must be [prompts, group_size>=2], got shape {tuple(rewards.shape)}")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if not scale:
-        return centred
-    return centred / (rewards.std(dim=1, keepdim=True) + eps)
-
-
 def ppo_clip_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                         clip_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token PPO-clip loss, -min(r A, clip(r, 1-eps, 1+eps) A) with r = exp(logp - old).

@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import ray
-import torch
 
-from poise.algo.losses import group_advantages
+from poise.algo.advantages import group_advantages
 from poise.errors import PoiseError
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
@@ -115,10 +114,8 @@ class TrainerGroup:
                 self.staged[(u, j)] = ray.put([self.ledger.arrived[i] for i in ids])
             group = self.plan.group(sid)
             if all(g in self.rewards for g in group):
-                # a [1, G] table: the colocated loop's rows, computed the same way
-                adv = group_advantages(torch.tensor([[self.rewards[g] for g in group]], dtype=torch.float32),
-                                       scale=self.scale_rewards)[0]
-                self.advantages.update(zip(group, adv.tolist()))
+                adv = group_advantages([self.rewards[g] for g in group], scale=self.scale_rewards)
+                self.advantages.update(zip(group, adv))
         if self.streaming or self.ledger.complete:
             self._dispatch_ready()
         self._stage_ahead()

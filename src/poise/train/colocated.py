@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from poise.algo.losses import group_advantages
+from poise.algo.advantages import group_advantages
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps
 from poise.data.tasks import Problem
@@ -64,11 +64,12 @@ class ColocatedLoop:
         return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
 
     def advantages(self, rewards: dict[SampleId, float], step: int, n_prompts: int) -> dict[SampleId, float]:
-        g = self.cfg.algorithm.group_size
-        table = torch.tensor([[rewards[(step, i, j)] for j in range(g)] for i in range(n_prompts)],
-                             dtype=torch.float32)
-        adv = group_advantages(table, scale=self.cfg.algorithm.scale_rewards)
-        return {(step, i, j): float(adv[i, j]) for i in range(n_prompts) for j in range(g)}
+        out: dict[SampleId, float] = {}
+        for i in range(n_prompts):  # group by group, as the runtime's trainer group does
+            group = [(step, i, j) for j in range(self.cfg.algorithm.group_size)]
+            out.update(zip(group, group_advantages([rewards[sid] for sid in group],
+                                                   scale=self.cfg.algorithm.scale_rewards)))
+        return out
 
     def train(self, samples, advantages: dict[SampleId, float]) -> dict:
         stats = self.trainer.train_step(samples, advantages)
