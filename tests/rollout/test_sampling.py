@@ -1,6 +1,7 @@
 import torch
 
-from poise.rollout.sampling import SamplingConfig, filtered_logprobs, sample_keys, sample_next
+from poise.rollout.sampling import (SamplingConfig, filtered_logprobs, key_prefix, position_keys, sample_keys,
+                                    sample_next)
 
 
 def _ids(rows):
@@ -12,6 +13,18 @@ def test_keys_depend_on_every_part_of_the_sample_id_and_position():
     for ids, pos, seed in [([[0, 2, 3]], 4, 7), ([[1, 0, 3]], 4, 7), ([[1, 2, 0]], 4, 7), ([[1, 2, 3]], 5, 7),
                            ([[1, 2, 3]], 4, 8)]:
         assert not torch.equal(sample_keys(seed, _ids(ids), torch.tensor([pos])), base)
+
+
+def test_an_engines_per_sequence_key_prefix_gives_the_same_keys():
+    """The engine hashes each sample id once in Python (`key_prefix`) and only the position per
+    step; the keys must be those of the all-torch `sample_keys`, bit for bit."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 2**31, (64, 3), generator=gen)
+    ids[:4] = torch.tensor([[0, 0, 0], [2**62, 1, 2], [7, 2**63 - 1, 0], [1, 2, 3]])
+    pos = torch.randint(0, 4096, (64,), generator=gen)
+    for seed in (0, 1, 12345, -1, 2**63 - 1, -(2**63)):
+        prefixes = torch.tensor([key_prefix(seed, tuple(row)) for row in ids.tolist()], dtype=torch.int64)
+        assert torch.equal(position_keys(prefixes, pos), sample_keys(seed, ids, pos)), seed
 
 
 def test_a_rows_token_does_not_depend_on_its_batch():

@@ -58,7 +58,7 @@ from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
-from poise.rollout.sampling import SamplingConfig, sample_next
+from poise.rollout.sampling import SamplingConfig, key_prefix, position_keys, sample_with_keys
 from poise.types import FinishReason, Request, Sample, SampleId
 
 
@@ -101,6 +101,7 @@ class _Sequence:
     slot: int = -1
     cached: int = 0  # tokens of this sequence in its slot's cache
     text_len: int = 0  # length of decoded response text (stop strings)
+    key_prefix: int = 0  # sampling.key_prefix(seed, sample_id): the sample's keys less the position
 
 
 class Engine:
@@ -175,7 +176,7 @@ class Engine:
             raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
                                           f"room left (context {self.context}, budget {budget}); resume it on an "
                                           "engine with the same max_context")
-        seq = _Sequence(sample_id, prompt, budget, self.clock())
+        seq = _Sequence(sample_id, prompt, budget, self.clock(), key_prefix=key_prefix(self.seed, sample_id))
         if tokens:
             seq.tokens = list(tokens)
         self._known.add(sample_id)
@@ -296,11 +297,11 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send
-            return sample_next(logits, self.seed, None, None, self.sampling)
-        # one host->device copy: (step, prompt_index, sample_index, position) per row
-        keys = torch.tensor([(*seq.sample_id, len(seq.tokens)) if seq else (0, 0, 0, 0) for seq in members],
+            return sample_with_keys(logits, None, self.sampling)
+        # one host->device copy: (key prefix of the sample id, position) per row
+        keys = torch.tensor([(seq.key_prefix, len(seq.tokens)) if seq else (0, 0) for seq in members],
                             dtype=torch.int64, device=logits.device)
-        return sample_next(logits, self.seed, keys[:, :3], keys[:, 3], self.sampling)
+        return sample_with_keys(logits, position_keys(keys[:, 0], keys[:, 1]), self.sampling)
 
     def _advance(self, rows: list[_Sequence | None], tokens: list[int], logprobs: list[float]) -> list[Sample]:
         """Append each row's new token, and retire the sequences that finished (None: padding row)."""

@@ -42,6 +42,29 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def key_prefix(seed: int, sample_id: tuple[int, int, int]) -> int:
+    """The part of a sample's keys that does not change along its response (plain Python: an
+    engine computes it once per sequence), as a signed int64: the splitmix64 chain over the seed
+    and the sample id of `sample_keys`, in unsigned 64-bit arithmetic (the same bits as torch's
+    wrapping int64)."""
+    golden, mask = _GOLDEN & _MASK64, _MASK64
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * (_MIX1 & mask)) & mask
+        x = ((x ^ (x >> 27)) * (_MIX2 & mask)) & mask
+        return x ^ (x >> 31)
+
+    h = mix((seed + golden) & mask)
+    for part in sample_id:
+        h = mix(h ^ ((part + golden) & mask))
+    return _signed(h)
+
+
+def position_keys(prefixes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[B] keys from [B] `key_prefix` values and [B] positions (int64)."""
+    return _mix(prefixes ^ (positions.to(torch.int64) + _GOLDEN))
+
+
 def sample_keys(seed: int, sample_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Per-row 64-bit keys from (seed, sample id, position).
 
@@ -51,15 +74,25 @@ def sample_keys(seed: int, sample_ids: torch.Tensor, positions: torch.Tensor) ->
     """
     h = torch.full((sample_ids.shape[0],), _signed(seed), dtype=torch.int64, device=sample_ids.device)
     h = _mix(h + _GOLDEN)
-    for column in (sample_ids[:, 0], sample_ids[:, 1], sample_ids[:, 2], positions):
+    for column in (sample_ids[:, 0], sample_ids[:, 1], sample_ids[:, 2]):
         h = _mix(h ^ (column.to(torch.int64) + _GOLDEN))
-    return h
+    return position_keys(h, positions)
+
+
+_vocab_salts: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_salt(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """(1..V) * golden, the per-token salt of `uniforms` (made once per vocabulary and device)."""
+    key = (vocab_size, str(device))
+    if key not in _vocab_salts:
+        _vocab_salts[key] = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=device) * _GOLDEN
+    return _vocab_salts[key]
 
 
 def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B] keys -> [B, V] float64 uniforms in (0, 1), one per vocabulary entry."""
-    vocab = torch.arange(1, vocab_size + 1, dtype=torch.int64, device=keys.device)
-    bits = _mix(keys[:, None] ^ (vocab[None, :] * _GOLDEN))
+    bits = _mix(keys[:, None] ^ _vocab_salt(vocab_size, keys.device)[None, :])
     mantissa = _shr(bits, 11).to(torch.float64)  # 53 random bits
     return (mantissa + 0.5) / float(1 << 53)
 
@@ -95,16 +128,27 @@ def sample_next(logits: torch.Tensor, seed: int, sample_ids: torch.Tensor | None
     Returns (tokens [B] int64, logprobs [B] float32) where logprobs are under the tempered,
     unfiltered distribution log_softmax(logits / T) — what the trainer recomputes.
     """
+    if cfg.temperature == 0:
+        return sample_with_keys(logits, None, cfg)
+    if sample_ids is None or positions is None:
+        raise ValueError(f"sampling at temperature {cfg.temperature} needs sample_ids and positions")
+    return sample_with_keys(logits, sample_keys(seed, sample_ids, positions), cfg)
+
+
+def sample_with_keys(logits: torch.Tensor, keys: torch.Tensor | None,
+                     cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_next` with each row's key already made (`sample_keys`, or `position_keys` over an
+    engine's per-sequence `key_prefix`); keys may be None when greedy."""
     logits = logits.float()
     if cfg.temperature == 0:
         tokens = torch.argmax(logits, dim=-1)
         logp_full = torch.log_softmax(logits, dim=-1)
     else:
-        if sample_ids is None or positions is None:
-            raise ValueError(f"sampling at temperature {cfg.temperature} needs sample_ids and positions")
+        if keys is None:
+            raise ValueError(f"sampling at temperature {cfg.temperature} needs a key per row")
         logp_full = torch.log_softmax(logits / cfg.temperature, dim=-1)
-        logp = filtered_logprobs(logits, cfg)
-        u = uniforms(sample_keys(seed, sample_ids, positions), logits.shape[-1])
-        gumbel = -torch.log(-torch.log(u))
+        filters = 0 < cfg.top_k < logits.shape[-1] or cfg.top_p < 1.0
+        logp = filtered_logprobs(logits, cfg) if filters else logp_full  # the same ops when nothing is filtered
+        gumbel = -torch.log(-torch.log(uniforms(keys, logits.shape[-1])))
         tokens = torch.argmax(logp.double() + gumbel, dim=-1)
     return tokens, logp_full.gather(-1, tokens[:, None]).squeeze(-1)
