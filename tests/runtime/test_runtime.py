@@ -102,6 +102,12 @@ def test_sync_bitwise_equals_colocated_for_every_split(ray_session, runs, refere
     got.assert_bitwise_equal(reference, f"sync {split} vs colocated")
 
 
+def _helped_steps(run, split) -> set[int]:
+    """Steps in which a rollout device (0..R-1) computed a micro-batch (pipeline.assist)."""
+    return {e["step"] for e in run.events if e["kind"] == "interval" and e["phase"] == "micro_batch"
+            and e["device"] < split[0]}
+
+
 @pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
 def test_devices_assisting_the_other_role_change_nothing(ray_session, runs, reference, warm_start, split):
     """pipeline.assist: the train devices generate beside the rollout devices (they hold the same
@@ -110,9 +116,8 @@ def test_devices_assisting_the_other_role_change_nothing(ray_session, runs, refe
     got = runs.disaggregated("sync", split, "pipeline.assist=true")
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
-    helped = {(e["step"], e["micro_batch"]) for e in got.events if e["kind"] == "interval"
-              and e["phase"] == "micro_batch" and e["device"] < split[0]}  # rollout devices are 0..R-1
-    assert {k for k, _ in helped} == set(range(STEPS)), f"no rollout device trained in some step: {sorted(helped)}"
+    # (whether a rollout device trains depends on how many micro-batches streamed to the train
+    # devices before generation ended: asserted where none can, in the non-streaming test below)
     lent = {(e["step"], e["instance"]) for e in got.events if e["kind"] == "sample" and e["instance"] >= split[0]}
     assert {k for k, _ in lent} == set(range(STEPS)), f"no train device generated in some step: {sorted(lent)}"
     got.assert_bitwise_equal(reference, f"sync {split} with assist vs colocated")
@@ -138,6 +143,8 @@ def test_non_streaming_sync_with_samples_sent_ahead_changes_nothing(ray_session,
     got = runs.disaggregated("sync", split, "pipeline.streaming=false", *extra)
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
+    if extra:  # every micro-batch is unstarted when generation ends: the rollout device takes a share
+        assert _helped_steps(got, split) == set(range(STEPS)), "no rollout device trained in some step"
     got.assert_bitwise_equal(reference, f"non-streaming sync {split} {extra} vs colocated")
 
 

@@ -32,6 +32,13 @@ def _deterministic_algorithms() -> None:
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
         setter(True, warn_only=True)
+    # With deterministic algorithms on, torch fills every new tensor of some ops (index_select,
+    # empty_like, ...) with NaN first, in case a kernel reads memory it never wrote. Poise reads
+    # none (the bitwise tests compare bytes), and on the engine's decode path the fill cost as
+    # much as the copy it preceded.
+    fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
+    if fill is not None:
+        fill(False)
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:
