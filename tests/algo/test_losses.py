@@ -23,8 +23,9 @@ def test_group_advantages_rejects_single_response_groups():
 
 def test_a_groups_advantages_depend_on_its_rewards_alone():
     """The runtime computes a group when its last reward arrives, the colocated loop all groups of
-    a step: the bits must not depend on the company nor on the order the rewards are listed in.
-    A row of a batched torch reduction failed the first on an AVX-512 machine."""
+    a step, one by one: a group's bits may depend on nothing but its rewards (a row of a batched
+    torch reduction got other bits than the same row alone, on an AVX-512 machine). The function
+    takes one group, so no company can enter; this checks the order the rewards are listed in."""
     rng = random.Random(0)
     for _ in range(200):
         rewards = [rng.choice([0.0, 1.0, 0.1, 1 / 3, 0.0625]) * rng.random() for _ in range(rng.randint(2, 16))]
