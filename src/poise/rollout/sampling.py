@@ -42,21 +42,21 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _mix_u64(x: int) -> int:
+    """`_mix` on a plain unsigned 64-bit int (the same bits as torch's wrapping int64)."""
+    x = ((x ^ (x >> 30)) * (_MIX1 & _MASK64)) & _MASK64
+    x = ((x ^ (x >> 27)) * (_MIX2 & _MASK64)) & _MASK64
+    return x ^ (x >> 31)
+
+
 def key_prefix(seed: int, sample_id: tuple[int, int, int]) -> int:
     """The part of a sample's keys that does not change along its response (plain Python: an
-    engine computes it once per sequence), as a signed int64: the splitmix64 chain over the seed
-    and the sample id of `sample_keys`, in unsigned 64-bit arithmetic (the same bits as torch's
-    wrapping int64)."""
-    golden, mask = _GOLDEN & _MASK64, _MASK64
-
-    def mix(x: int) -> int:
-        x = ((x ^ (x >> 30)) * (_MIX1 & mask)) & mask
-        x = ((x ^ (x >> 27)) * (_MIX2 & mask)) & mask
-        return x ^ (x >> 31)
-
-    h = mix((seed + golden) & mask)
+    engine computes it once per sequence), as a signed int64: the splitmix64 chain of
+    `sample_keys` over the seed and the sample id."""
+    golden = _GOLDEN & _MASK64
+    h = _mix_u64((seed + golden) & _MASK64)
     for part in sample_id:
-        h = mix(h ^ ((part + golden) & mask))
+        h = _mix_u64(h ^ ((part + golden) & _MASK64))
     return _signed(h)
 
 
