@@ -154,8 +154,12 @@ class Device(FileEndpoint):
 
     def train_micro_batches(self, batches: list[tuple[int, object, list[float]]]) -> list[dict]:
         """Forward/backward of each (micro-batch index, its samples' ObjectRef or StagedSamples,
-        their advantages), in the order given; returns each one's stats."""
+        their advantages), in the order given; returns each one's stats. A train device lent to
+        generation (`pipeline.assist`) starts them once its engine is done (the samples are fetched
+        meanwhile): run beside it, they would share the device's threads and slow the generation
+        every other device waits for (as the simulator assumes too)."""
         fetched = iter(ray.get([x for _, x, _ in batches if not isinstance(x, StagedSamples)]))
+        self.loop.wait_idle()
         samples = [self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched) for _, x, _ in batches]
         self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
