@@ -245,6 +245,7 @@ class Driver:
                 self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
                 self.injector.at(self.rt, "train", step)
                 if ahead:
+                    self.rt.trainer.expect_next(self.plan(step + 1))  # its micro-batches put as they complete
                     self.generated[step + 1] = self.collect(ahead, step=step + 1)
             elif step in self.generated:  # a recovery kept the step's samples: train on them
                 scored = self.generated[step]
@@ -402,6 +403,8 @@ class Driver:
         part = [(s, r.value) for s, r in zip(batch, results)]
         if stream_to_trainer:
             self.rt.trainer.feed(part)
+        elif self.kind == "async":
+            self.rt.trainer.arrive_ahead(batch)
         return part
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:

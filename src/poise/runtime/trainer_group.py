@@ -73,6 +73,11 @@ class TrainerGroup:
         self.update_refs: list = []  # per mini-batch, every train device's update
         self.contribute_refs: list = []  # (helper rank, ObjectRef) of the helpers' parts of reductions
         self.stage_refs: list = []  # (device rank, ObjectRef) of micro-batches sent ahead (_stage_ahead)
+        self.next_plan: StepPlan | None = None  # async: the step generating while this one trains
+        self.next_arrived: dict[SampleId, Sample] = {}
+        self.next_micro: dict[SampleId, tuple[SampleId, ...]] = {}  # its sample id -> its micro-batch's ids
+        # a micro-batch's ids -> (ObjectRef of its samples, those samples: used only if fed the same)
+        self.put_ahead: dict[tuple[SampleId, ...], tuple[object, list[Sample]]] = {}
 
     def set_devices(self, workers: Sequence[object], ranks: Sequence[int], helpers: Sequence[object] = (),
                     helper_ranks: Sequence[int] = ()) -> None:
@@ -82,9 +87,34 @@ class TrainerGroup:
         self.helpers, self.helper_ranks = list(helpers), list(helper_ranks)
         self.prestaged: dict[tuple[int, int], int] = {}  # what went to the old devices travels again
 
+    def expect_next(self, plan: StepPlan) -> None:
+        """async: step k+1 generates while step k trains; `arrive_ahead` puts each of its
+        micro-batches in the object store as it completes, so that step k+1's `feed` (all its
+        samples at once, at its start) only sends references: the puts are off the critical path
+        of a step whose training is longer than the next generation."""
+        self.next_plan, self.next_arrived = plan, {}
+        self.next_micro = {sid: ids for mini in plan.minis for ids in mini.micro for sid in ids}
+        self.put_ahead = {ids: put for ids, put in self.put_ahead.items() if ids[0][0] >= plan.step}
+
+    def arrive_ahead(self, samples: Sequence[Sample]) -> None:
+        """Samples of the step `expect_next` named (others are ignored: checked when fed)."""
+        if self.next_plan is None:
+            return
+        for sample in samples:
+            sid = tuple(sample.sample_id)
+            if sid not in self.next_micro or sid in self.next_arrived:
+                continue  # the ledger of step k+1 reports it
+            self.next_arrived[sid] = sample
+            ids = self.next_micro[sid]
+            if all(i in self.next_arrived for i in ids):
+                samples_of = [self.next_arrived[i] for i in ids]
+                self.put_ahead[ids] = (ray.put(samples_of), samples_of)
+
     def start_step(self, plan: StepPlan, version: int) -> StepLedger:
         """`version`: the weights version the step's last update makes."""
         self.plan, self.version = plan, version
+        if self.next_plan is not None and self.next_plan.step <= plan.step:
+            self.next_plan, self.next_arrived = None, {}
         self.ledger = StepLedger(plan)
         self.rewards: dict[SampleId, float] = {}
         self.advantages: dict[SampleId, float] = {}
@@ -111,7 +141,10 @@ class TrainerGroup:
             u, j = self.micro_of[sid]
             ids = self.plan.minis[u].micro[j]
             if all(i in self.ledger.arrived for i in ids):
-                self.staged[(u, j)] = ray.put([self.ledger.arrived[i] for i in ids])
+                samples = [self.ledger.arrived[i] for i in ids]
+                ref, put = self.put_ahead.pop(ids, (None, []))  # async: put while this step generated
+                same = len(put) == len(samples) and all(a is b for a, b in zip(put, samples))
+                self.staged[(u, j)] = ref if same else ray.put(samples)
             group = self.plan.group(sid)
             if all(g in self.rewards for g in group):
                 adv = group_advantages([self.rewards[g] for g in group], scale=self.scale_rewards)
