@@ -101,3 +101,22 @@ def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
     for s in finished + got:
         assert len(s.token_ids) == lengths[s.sample_id]
     assert all(0 <= n < lengths[sid] for sid, n in had.items())
+
+
+def test_linger_carries_samples_that_finish_close_together_in_one_reply():
+    """`take(timeout, linger)`: the first finished sample waits up to `linger` for the ones right
+    behind it; without linger, a take returns as soon as one is in. The last sample never waits."""
+    lengths = {(0, 0, j): 20 + 40 * j for j in range(4)}  # finishing ~0.02 s apart
+    for linger, expect_one_reply in ((0.0, False), (30.0, True)):
+        loop = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 4, time_scale=0.05))
+        loop.submit([Request(sid, (1, 2)) for sid in lengths], cap=4)
+        t = time.monotonic()
+        samples, in_flight, _busy = loop.take(30.0, linger)
+        waited = time.monotonic() - t
+        rest, _ = _drain(loop)
+        loop.close()
+        assert sorted(s.sample_id for s in samples + rest) == sorted(lengths)
+        if expect_one_reply:  # everything in one reply, as soon as the last one finished
+            assert len(samples) == 4 and in_flight == 0 and waited < 10.0, (len(samples), waited)
+        else:
+            assert len(samples) < 4 and in_flight > 0, len(samples)

@@ -140,6 +140,7 @@ class EngineLoop:
         self._engine_lock = threading.Lock()  # engine.step vs load_weights
         self._pending: deque[Request] = deque()
         self._outbox: list[Sample] = []
+        self._outbox_since = 0.0  # when the oldest sample in the outbox arrived
         self._in_flight = 0  # submitted and not yet in the outbox; changes only under _cv
         self._cap = 1
         self._error: BaseException | None = None
@@ -161,11 +162,18 @@ class EngineLoop:
             self._in_flight += len(requests)
             self._cv.notify_all()
 
-    def take(self, timeout: float) -> tuple[list[Sample], int, list[tuple[float, float]]]:
-        """Wait up to `timeout` s for finished samples (returns at once if some are in); returns them,
-        how many requests are still in flight here, and the busy intervals closed since last time."""
+    def take(self, timeout: float, linger: float = 0.0) -> tuple[list[Sample], int, list[tuple[float, float]]]:
+        """Wait up to `timeout` s for finished samples; returns them, how many requests are still in
+        flight here, and the busy intervals closed since last time. `linger`: once a sample is in,
+        return when the oldest one has waited `linger` s or nothing is left in flight, so that one
+        reply carries the samples that finish close together (each reply is a wake-up of the
+        actor's thread beside the engine's); the last sample of a generation never waits."""
         with self._cv:
             self._cv.wait_for(lambda: self._outbox or self._error is not None or self._in_flight == 0, timeout)
+            if self._outbox and self._in_flight and linger > 0:
+                left = linger - (self.clock() - self._outbox_since)
+                if left > 0:
+                    self._cv.wait_for(lambda: self._error is not None or self._in_flight == 0, left)
             self._raise_error()
             out, self._outbox = self._outbox, []
             busy, self._busy = self._busy, []
@@ -244,6 +252,8 @@ class EngineLoop:
                     finished = self.engine.step()
                     self.steps += 1
                     with self._cv:  # under the engine lock too: an abort sees all of a step or none
+                        if finished and not self._outbox:
+                            self._outbox_since = self.clock()
                         self._outbox.extend(finished)
                         self._in_flight -= len(finished)
                         if self._in_flight == 0:

@@ -33,6 +33,14 @@ class _Instance:
     in_flight: int = 0
 
 
+# How long an instance holds a finished sample back for the ones finishing right after it, so
+# that one reply carries them (the last sample of a generation is never held). Each reply wakes
+# the actor's thread beside its engine's; in sync 1+1 with pipeline.assist (count workload,
+# benchmarks/control_plane.py) 30 ms raised samples/s in each of 6 interleaved pairs of runs. A
+# micro-batch that completes mid-generation starts at most this much later.
+TAKE_LINGER_S = 0.03
+
+
 class StreamGenerationService:
     def __init__(self, workers: Sequence[object], devices: Sequence[int], dispatcher: Dispatcher,
                  ranker: LengthRanker | None, group_size: int, num_slots: int, take_seconds: float = 0.5,
@@ -87,7 +95,8 @@ class StreamGenerationService:
         if self.carried:
             batch, self.carried = self.carried, []
             yield batch
-        refs = {inst.worker.take.remote(self.take_seconds): inst for inst in self.generating if inst.in_flight}
+        refs = {inst.worker.take.remote(self.take_seconds, TAKE_LINGER_S): inst
+                for inst in self.generating if inst.in_flight}
         # the heartbeat: each instance's engine step count and when it last changed
         progress = {inst.device: (-1, time.time()) for inst in self.generating}
         while refs:
@@ -110,7 +119,7 @@ class StreamGenerationService:
                 self.busy[self._step] += [(inst.device, start, end) for start, end in busy]
                 batch.extend(finished)
                 if inst.in_flight:
-                    refs[inst.worker.take.remote(self.take_seconds)] = inst
+                    refs[inst.worker.take.remote(self.take_seconds, TAKE_LINGER_S)] = inst
             if batch:
                 yield batch
 

@@ -94,11 +94,12 @@ class Device(FileEndpoint):
         self._maybe_hang("submit", [r.sample_id[0] for r in requests])
         self.loop.submit(requests, cap)
 
-    def take(self, timeout: float) -> tuple[list, int, list[tuple[float, float]], int]:
-        """Finished samples (waiting up to `timeout` s for the first), requests still in flight,
-        the busy intervals (wall clock) closed since the last take, and the engine's step count
-        (the generation heartbeat: runtime/faults.py)."""
-        return (*self.loop.take(timeout), self.loop.steps)
+    def take(self, timeout: float, linger: float = 0.0) -> tuple[list, int, list[tuple[float, float]], int]:
+        """Finished samples (waiting up to `timeout` s for the first, then up to `linger` s for
+        those finishing close behind it: `EngineLoop.take`), requests still in flight, the busy
+        intervals (wall clock) closed since the last take, and the engine's step count (the
+        generation heartbeat: runtime/faults.py)."""
+        return (*self.loop.take(timeout, linger), self.loop.steps)
 
     def abort_generation(self) -> tuple[list, list, list]:
         """A live resize takes this rollout device: (finished samples not yet taken, partial samples,
