@@ -36,8 +36,8 @@ class _Instance:
 # How long an instance holds a finished sample back for the ones finishing right after it, so
 # that one reply carries them (the last sample of a generation is never held). Each reply wakes
 # the actor's thread beside its engine's; in sync 1+1 with pipeline.assist (count workload,
-# benchmarks/control_plane.py) 30 ms raised samples/s in each of 6 interleaved pairs of runs. A
-# micro-batch that completes mid-generation starts at most this much later.
+# benchmarks/control_plane.py) 30 ms raised samples/s in 5 of 6 interleaved pairs of runs (the
+# sixth: equal). A micro-batch that completes mid-generation starts at most this much later.
 TAKE_LINGER_S = 0.03
 
 
