@@ -106,7 +106,7 @@ def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
 def test_linger_carries_samples_that_finish_close_together_in_one_reply():
     """`take(timeout, linger)`: the first finished sample waits up to `linger` for the ones right
     behind it; without linger, a take returns as soon as one is in. The last sample never waits."""
-    lengths = {(0, 0, j): 20 + 40 * j for j in range(4)}  # finishing ~0.02 s apart
+    lengths = {(0, 0, j): 20 + 40 * j for j in range(4)}  # each finishing 40 engine steps after the last
     for linger, expect_one_reply in ((0.0, False), (30.0, True)):
         loop = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 4, time_scale=0.05))
         loop.submit([Request(sid, (1, 2)) for sid in lengths], cap=4)
