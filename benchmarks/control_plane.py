@@ -18,8 +18,10 @@ A random model emits EOS (1 token in 58) as often as any other token, so respons
 Contenders (colocated, sync, assist, async: 2 torch threads in all, on the same machine):
   colocated  pipeline.mode=colocated, one process, cluster.threads_per_device=2
   sync       pipeline.mode=sync (streaming), cluster.devices=2, split [1,1], 1 thread per device
-  assist     the same with pipeline.assist=true: when generation ends, the rollout device computes
-             a share of the micro-batches not yet started, beside the train device (the same update)
+  assist     the same with pipeline.assist=true: the train device, which holds the step's weights,
+             generates beside the rollout device (and trains only once its own generation is done);
+             when generation ends, the rollout device computes a share of the micro-batches not yet
+             started, beside the train device (the same update)
   async      pipeline.mode=async, the same 1+1 devices (one-step staleness: a different trajectory)
   colocated-1t  (only with --contenders ...,colocated-1t) colocated at 1 thread: sync / colocated-1t
              is the control plane's cost alone, colocated-1t / colocated what the second thread buys
