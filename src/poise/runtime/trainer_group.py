@@ -73,9 +73,9 @@ class TrainerGroup:
         self.update_refs: list = []  # per mini-batch, every train device's update
         self.contribute_refs: list = []  # (helper rank, ObjectRef) of the helpers' parts of reductions
         self.stage_refs: list = []  # (device rank, ObjectRef) of micro-batches sent ahead (_stage_ahead)
-        self.next_plan: StepPlan | None = None  # async: the step generating while this one trains
+        # async, the step generating while this one trains: its sample ids -> their micro-batch's ids
+        self.next_micro: dict[SampleId, tuple[SampleId, ...]] = {}
         self.next_arrived: dict[SampleId, Sample] = {}
-        self.next_micro: dict[SampleId, tuple[SampleId, ...]] = {}  # its sample id -> its micro-batch's ids
         # a micro-batch's ids -> (ObjectRef of its samples, those samples: used only if fed the same)
         self.put_ahead: dict[tuple[SampleId, ...], tuple[object, list[Sample]]] = {}
 
@@ -92,14 +92,12 @@ class TrainerGroup:
         micro-batches in the object store as it completes, so that step k+1's `feed` (all its
         samples at once, at its start) only sends references: the puts are off the critical path
         of a step whose training is longer than the next generation."""
-        self.next_plan, self.next_arrived = plan, {}
         self.next_micro = {sid: ids for mini in plan.minis for ids in mini.micro for sid in ids}
+        self.next_arrived = {}
         self.put_ahead = {ids: put for ids, put in self.put_ahead.items() if ids[0][0] >= plan.step}
 
     def arrive_ahead(self, samples: Sequence[Sample]) -> None:
         """Samples of the step `expect_next` named (others are ignored: checked when fed)."""
-        if self.next_plan is None:
-            return
         for sample in samples:
             sid = tuple(sample.sample_id)
             if sid not in self.next_micro or sid in self.next_arrived:
@@ -113,8 +111,7 @@ class TrainerGroup:
     def start_step(self, plan: StepPlan, version: int) -> StepLedger:
         """`version`: the weights version the step's last update makes."""
         self.plan, self.version = plan, version
-        if self.next_plan is not None and self.next_plan.step <= plan.step:
-            self.next_plan, self.next_arrived = None, {}
+        self.next_micro, self.next_arrived = {}, {}  # what was put ahead for this step stays in put_ahead
         self.ledger = StepLedger(plan)
         self.rewards: dict[SampleId, float] = {}
         self.advantages: dict[SampleId, float] = {}
