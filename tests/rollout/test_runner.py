@@ -85,3 +85,28 @@ def test_ragged_decode_groups_match_hf(arch, request):
     logits = runner.forward(step, cache)
     for row, slot in enumerate(live):
         assert torch.allclose(logits[row], hf_last_logits(model, prompts[slot] + [20 + slot]), atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_runners_fused_norms_and_rope_table_are_hfs_math_bit_for_bit(arch, request):
+    """The runner calls F.rms_norm and looks RoPE up in a table made once; both must give exactly
+    the bits of the HF modules they replace, whatever the rows (a last-bit drift here would change
+    every sample against an unpatched engine and against the trainer's forward)."""
+    model = request.getfixturevalue(arch)
+    runner = DecoderRunner(model)
+    assert runner.fused_norm and runner.rope_table is not None
+    g = torch.Generator().manual_seed(3)
+    norms = [model.model.layers[0].input_layernorm, model.model.layers[1].post_attention_layernorm, model.model.norm]
+    with torch.inference_mode():
+        for rows in (1, 3, 4, 37):
+            x = torch.randn((rows, model.config.hidden_size), generator=g) * 3
+            for norm in norms:
+                assert torch.equal(runner._norm(norm, x), norm(x))
+        positions = torch.tensor([0, 1, 5, 17, 63, 64, 95, 2, 2])
+        cos, folded = runner._rope(torch.zeros(()), positions)
+        hf_cos, hf_sin = model.model.rotary_emb(torch.zeros(()), positions[None])
+        assert torch.equal(cos[:, 0], hf_cos[0])
+        q = torch.randn((len(positions), 4, runner.head_dim), generator=g)
+        half = runner.head_dim // 2
+        hf_rotated = q * hf_cos[0, :, None] + torch.cat((-q[..., half:], q[..., :half]), -1) * hf_sin[0, :, None]
+        assert torch.equal(q * cos + q.roll(half, -1) * folded, hf_rotated)

@@ -102,6 +102,9 @@ class StepInputs:
 # (query row, key) pairs: a group is split off only when it saves more than this.
 GROUP_OVERHEAD = 1024
 MAX_DECODE_GROUPS = 4
+# A decode group whose slot range is more than this many times its rows copies its rows' cache
+# slots; otherwise it attends a view of the range (idle slots in it get zero queries).
+GATHER_SPAN = 1.25
 # Up to this many prompts in one forward attend one by one (views, one SDPA each); more are
 # padded into one batch. On CPU, padding 2-4 short prompts (three gathers, a mask, a scatter back)
 # cost more than their separate calls.
@@ -163,7 +166,7 @@ def plan_decode_groups(slots: list[int], positions: list[int], overhead: int = G
         rows = tuple(sorted(order[a:b]))
         lo, hi = slots[rows[0]], slots[rows[-1]] + 1
         # a view while at most a fifth of its range idles; else copying the rows' slots is cheaper
-        plans.append(DecodeGroupPlan(rows, lengths[a], lo, hi, gather=4 * (hi - lo) > 5 * len(rows)))
+        plans.append(DecodeGroupPlan(rows, lengths[a], lo, hi, gather=hi - lo > GATHER_SPAN * len(rows)))
     return plans
 
 
@@ -192,7 +195,7 @@ def plan_bucket_groups(slots: list[int], positions: list[int], context: int) -> 
     for length in sorted(buckets, reverse=True):
         rows = tuple(buckets[length])
         lo, hi = slots[rows[0]], slots[rows[-1]] + 1
-        plans.append(DecodeGroupPlan(rows, length, lo, hi, gather=4 * (hi - lo) > 5 * len(rows)))
+        plans.append(DecodeGroupPlan(rows, length, lo, hi, gather=hi - lo > GATHER_SPAN * len(rows)))
     return plans
 
 
@@ -223,9 +226,8 @@ def _rows_invariant(weights: list[torch.Tensor], rows: torch.Tensor, quantum: in
     return True
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+# transformers' RMSNorm classes that compute exactly F.rms_norm in float32
+RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
 
 class DecoderRunner:
@@ -251,6 +253,43 @@ class DecoderRunner:
         self.dtype = model.lm_head.weight.dtype
         self.device = model.lm_head.weight.device
         self.group_overhead, self.max_decode_groups = GROUP_OVERHEAD, MAX_DECODE_GROUPS  # plan_decode_groups
+        # HF's RMSNorm in float32 is F.rms_norm bit for bit (tests/rollout/test_runner.py), in one op
+        norms = [m for layer in self.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+        self.fused_norm = self.dtype == torch.float32 and all(
+            type(m).__name__ in RMS_NORMS for m in norms + [self.decoder.norm])
+        self.rope_table = self._rope_table()
+
+    def _rope_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """cos and sign-folded sin of every position ([max_positions, head_dim]), from the model's
+        own rotary embedding, once: a step looks its positions up instead of recomputing them. None
+        for RoPE types whose frequencies change with the sequence length (dynamic, longrope)."""
+        rotary = self.decoder.rotary_emb
+        if any(kind in str(getattr(rotary, "rope_type", "default")) for kind in ("dynamic", "longrope")):
+            return None
+        with torch.no_grad():
+            positions = torch.arange(self.max_positions, device=self.device)[None]
+            cos, sin = rotary(torch.zeros((), dtype=self.dtype, device=self.device), positions)
+        return cos[0], self._fold_sign(sin[0])
+
+    def _fold_sign(self, sin: torch.Tensor) -> torch.Tensor:
+        """HF rotates by q * cos + rotate_half(q) * sin, rotate_half(q) = [-q2, q1]; with the sign
+        folded into sin, [q2, q1] * [-sin1, sin2] (a roll of q) gives the same bits: (-a) * b == -(a * b)."""
+        half = self.head_dim // 2
+        return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+    def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and folded sin of the step's tokens, [N, 1, head_dim]."""
+        if self.rope_table is not None:
+            cos, sin = (table.index_select(0, position_ids) for table in self.rope_table)
+        else:
+            cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
+            cos, sin = cos[0], self._fold_sign(sin[0])
+        return cos[:, None, :], sin[:, None, :]
+
+    def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_norm:
+            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+        return module(x)
 
     @torch.inference_mode()
     def row_quantum(self) -> int:
@@ -314,8 +353,8 @@ class DecoderRunner:
         token_ids, position_ids, slot_ids = self._ids(tokens + positions + slots).view(3, n)
 
         x = self.decoder.embed_tokens(token_ids)
-        cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
-        cos, sin = cos[0, :, None, :], sin[0, :, None, :]
+        cos, sin = self._rope(x, position_ids)
+        heads, half = self.num_heads, self.head_dim // 2
         groups = self._decode_groups(step, position_ids[:n_decode], cache.shape.context) if n_decode else []
         # a few prompts attend one by one (views, no copies); many at once pay for padding them
         # (not batch-invariant: the padded width depends on the other prompts)
@@ -324,14 +363,16 @@ class DecoderRunner:
 
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, self.num_heads, self.head_dim)
-            k = attn.k_proj(h).view(n, self.num_kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(n, self.num_kv_heads, self.head_dim)
+            h = self._norm(layer.input_layernorm, x)
+            # the modules' own math, called as functions (a module call costs more than these ops)
+            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, heads, self.head_dim)
+            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, self.num_kv_heads, self.head_dim)
+            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, self.num_kv_heads, self.head_dim)
             if self.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            qk = torch.cat((q, k), dim=1)  # RoPE on queries and keys at once, elementwise as HF's
+            qk = qk * cos + qk.roll(half, -1) * sin
+            q, k = qk[:, :heads], qk[:, heads:]
             cache.write_tokens(index, slot_ids, position_ids, k, v)  # every new token, one scatter
 
             parts = []
@@ -343,8 +384,8 @@ class DecoderRunner:
             if pad:
                 parts.append(q.new_zeros((pad, self.num_heads * self.head_dim)))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-            x = x + attn.o_proj(attn_out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + F.linear(attn_out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, x))
 
         rows, end = list(range(n_decode)), n_decode
         for length in seg_lengths:
@@ -355,7 +396,14 @@ class DecoderRunner:
             rows.extend([0] * (-out_rows % step.row_quantum))
         if rows != list(range(n)):
             x = x.index_select(0, self._ids(rows))
-        return self.model.lm_head(self.decoder.norm(x)).float()[:out_rows]
+        return self.model.lm_head(self._norm(self.decoder.norm, x)).float()[:out_rows]
+
+    @staticmethod
+    def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """HF's gated MLP, down(act(gate(x)) * up(x)), with the projections called as functions."""
+        gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
+        up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+        return F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
 
     def _dense_decode_rows(self, step: StepInputs, scratch: int) -> tuple[list[int], list[int], list[int]]:
         """(tokens, positions, write slots), one row for every attended slot."""
@@ -432,13 +480,34 @@ class DecoderRunner:
         return self.window is not None and keys > self.window
 
     def _decode_mask(self, length: int, positions: torch.Tensor) -> torch.Tensor:
-        """[rows, 1, 1, length] bool: a row at position p attends keys 0..p of its slot (the last
-        `window` of them with a sliding window)."""
+        """[rows, 1, 1, length]: a row at position p attends keys 0..p of its slot (the last
+        `window` of them with a sliding window). Bool for SDPA; on CPU the additive bias (0 or
+        -inf) of `_attend`, made once per step instead of once per layer."""
         key_pos = torch.arange(length, device=self.device)
         mask = key_pos[None, :] <= positions[:, None]
         if self._windowed(length):
             mask &= key_pos[None, :] > positions[:, None] - self.window
-        return mask[:, None, None, :]
+        mask = mask[:, None, None, :]
+        if self.device.type != "cpu":
+            return mask
+        return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Decode attention: q [rows, kv_heads, group, d] over keys/values [rows, kv_heads, L, d].
+
+        On CPU, two batched matmuls and a softmax instead of SDPA: a decode row has `group` queries
+        per head, too few for the flash kernel's blocking, which cost 1.6-4x more at 2 threads (32
+        rows, 64-256 keys: 170-190 us against 40-120 us; about equal at 1 thread). Every (row, kv head) is its own GEMM of one
+        shape, softmax is row-wise, so a row's bits depend only on its queries, its keys and
+        their number, as with SDPA (batch invariance keeps the number a function of the row).
+        """
+        if self.device.type != "cpu":
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        scores = torch.matmul(q * self.scale, keys.transpose(-1, -2))
+        if mask is not None:
+            scores += mask
+        return torch.matmul(scores.softmax(-1), values)
 
     def _causal_window_mask(self, length: int) -> torch.Tensor:
         """[length, length] bool: query i attends keys i - window < j <= i."""
@@ -465,8 +534,7 @@ class DecoderRunner:
                 if g.rel is not None:  # idle slots inside the range get zero queries
                     qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
             n = qg.shape[0]
-            out = F.scaled_dot_product_attention(qg.view(n, self.num_kv_heads, self.group, self.head_dim),
-                                                 keys, values, attn_mask=g.mask, scale=self.scale)
+            out = self._attend(qg.view(n, self.num_kv_heads, self.group, self.head_dim), keys, values, g.mask)
             out = out.reshape(n, self.num_heads * self.head_dim)
             outs.append(out if g.rel is None else out.index_select(0, g.rel))
         if len(groups) == 1:
