@@ -498,9 +498,10 @@ class DecoderRunner:
 
         On CPU, two batched matmuls and a softmax instead of SDPA: a decode row has `group` queries
         per head, too few for the flash kernel's blocking, which cost 1.6-4x more at 2 threads (32
-        rows, 64-256 keys: 170-190 us against 40-120 us; about equal at 1 thread). Every (row, kv head) is its own GEMM of one
-        shape, softmax is row-wise, so a row's bits depend only on its queries, its keys and
-        their number, as with SDPA (batch invariance keeps the number a function of the row).
+        rows, 64-256 keys: 170-190 us against 40-120 us; about equal at 1 thread). Every (row,
+        kv head) is its own GEMM of one shape, softmax is row-wise, so a row's bits depend only on
+        its queries, its keys and their number, as with SDPA (batch invariance keeps the number a
+        function of the row).
         """
         if self.device.type != "cpu":
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
