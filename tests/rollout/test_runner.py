@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from poise.rollout.kv_cache import KVCache
-from poise.rollout.runner import DecoderRunner, StepInputs, plan_decode_groups
+from poise.rollout.runner import DecoderRunner, StepInputs, _Norm, plan_decode_groups
 
 
 def hf_last_logits(model, ids: list[int]) -> torch.Tensor:
@@ -101,7 +101,7 @@ def test_the_runners_fused_norms_and_rope_table_are_hfs_math_bit_for_bit(arch, r
         for rows in (1, 3, 4, 37):
             x = torch.randn((rows, model.config.hidden_size), generator=g) * 3
             for norm in norms:
-                assert torch.equal(runner._norm(norm, x), norm(x))
+                assert torch.equal(runner._norm(_Norm(norm), x), norm(x))
         positions = torch.tensor([0, 1, 5, 17, 63, 64, 95, 2, 2])
         cos, folded = runner._rope(torch.zeros(()), positions)
         hf_cos, hf_sin = model.model.rotary_emb(torch.zeros(()), positions[None])

@@ -230,6 +230,29 @@ def _rows_invariant(weights: list[torch.Tensor], rows: torch.Tensor, quantum: in
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
 
+class _Norm:
+    """An RMSNorm module with its weight and epsilon looked up once."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.weight = module, module.weight
+        self.eps = getattr(module, "variance_epsilon", None)
+
+
+class _Layer:
+    """A decoder layer's parameters, looked up once (a module attribute is a dict walk per
+    access, ~80 of them per step): the Parameter objects themselves, which load_weights, the
+    optimizer and Module.to update in place."""
+
+    def __init__(self, layer: torch.nn.Module):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.attn = attn
+        self.norm_in, self.norm_post = _Norm(layer.input_layernorm), _Norm(layer.post_attention_layernorm)
+        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                      attn.o_proj))
+        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.act = mlp.act_fn
+
+
 class DecoderRunner:
     """Runs `model` (a transformers Llama/Qwen2/Qwen3/Mistral ...ForCausalLM) over a `KVCache`."""
 
@@ -257,6 +280,8 @@ class DecoderRunner:
         norms = [m for layer in self.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
         self.fused_norm = self.dtype == torch.float32 and all(
             type(m).__name__ in RMS_NORMS for m in norms + [self.decoder.norm])
+        self._layers = [_Layer(layer) for layer in self.layers]
+        self._final_norm = _Norm(self.decoder.norm)
         self.rope_table = self._rope_table()
 
     def _rope_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -286,10 +311,10 @@ class DecoderRunner:
             cos, sin = cos[0], self._fold_sign(sin[0])
         return cos[:, None, :], sin[:, None, :]
 
-    def _norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _norm(self, norm: _Norm, x: torch.Tensor) -> torch.Tensor:
         if self.fused_norm:
-            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
-        return module(x)
+            return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)
+        return norm.module(x)
 
     @torch.inference_mode()
     def row_quantum(self) -> int:
@@ -361,15 +386,14 @@ class DecoderRunner:
         batched_prefill = len(seg_lengths) > PREFILL_ONE_BY_ONE and not step.row_quantum
         prefill = self._prefill_plan(seg_lengths) if batched_prefill else None
 
-        for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = self._norm(layer.input_layernorm, x)
+        for index, layer in enumerate(self._layers):
+            h = self._norm(layer.norm_in, x)
             # the modules' own math, called as functions (a module call costs more than these ops)
-            q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(n, heads, self.head_dim)
-            k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(n, self.num_kv_heads, self.head_dim)
-            v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(n, self.num_kv_heads, self.head_dim)
+            q = F.linear(h, *layer.q).view(n, heads, self.head_dim)
+            k = F.linear(h, *layer.k).view(n, self.num_kv_heads, self.head_dim)
+            v = F.linear(h, *layer.v).view(n, self.num_kv_heads, self.head_dim)
             if self.qk_norm:
-                q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = layer.attn.q_norm(q), layer.attn.k_norm(k)
             qk = torch.cat((q, k), dim=1)  # RoPE on queries and keys at once, elementwise as HF's
             qk = qk * cos + qk.roll(half, -1) * sin
             q, k = qk[:, :heads], qk[:, heads:]
@@ -384,8 +408,9 @@ class DecoderRunner:
             if pad:
                 parts.append(q.new_zeros((pad, self.num_heads * self.head_dim)))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-            x = x + F.linear(attn_out, attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(layer.mlp, self._norm(layer.post_attention_layernorm, x))
+            x = x + F.linear(attn_out, *layer.o)
+            h = self._norm(layer.norm_post, x)  # HF's gated MLP: down(act(gate(h)) * up(h))
+            x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
 
         rows, end = list(range(n_decode)), n_decode
         for length in seg_lengths:
@@ -396,14 +421,7 @@ class DecoderRunner:
             rows.extend([0] * (-out_rows % step.row_quantum))
         if rows != list(range(n)):
             x = x.index_select(0, self._ids(rows))
-        return self.model.lm_head(self._norm(self.decoder.norm, x)).float()[:out_rows]
-
-    @staticmethod
-    def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """HF's gated MLP, down(act(gate(x)) * up(x)), with the projections called as functions."""
-        gate = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
-        return F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        return self.model.lm_head(self._norm(self._final_norm, x)).float()[:out_rows]
 
     def _dense_decode_rows(self, step: StepInputs, scratch: int) -> tuple[list[int], list[int], list[int]]:
         """(tokens, positions, write slots), one row for every attended slot."""
