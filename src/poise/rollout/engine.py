@@ -20,8 +20,8 @@ fast mode's does (the one forward per step with every live row, `StepInputs.row_
   kernels); norms, activations and sampling are row-wise;
 - decode attention stays ragged, but a row at position p attends over exactly
   `runner.key_bucket(p)` keys (a power of two, masked beyond p), a function of the row alone:
-  SDPA's bits change with the key length even where the extra keys are masked, so the fast
-  mode's "longest context of the group" would make a row depend on its company;
+  attention's bits may change with the key length even where the extra keys are masked, so the
+  fast mode's "longest context of the group" would make a row depend on its company;
 - each admitted prompt attends alone (never padded to another prompt's length);
 - a resumed partial is prefilled with its prompt only and its generated tokens are replayed
   through decode rows, so its cache is bit-identical to the uninterrupted run's.

@@ -16,7 +16,9 @@ sequences beside many short ones, and attending every row over the longest live 
 spend most of the attention on masked keys (torch has no varlen SDPA on CPU). So the rows are
 sorted by context length and cut into a few groups (`plan_decode_groups`), each attending only
 over its own longest context: a view of the cache where the group's slots are (nearly)
-consecutive, else a copy of just its slots' rows, which costs far less than SDPA over them.
+consecutive, else a copy of just its slots' rows, which costs far less than attending over them.
+On CPU a decode group's attention is two batched matmuls and a softmax (`_attend`), not SDPA:
+with a few queries per head the flash kernel cost 1.6-4x more at two threads.
 
 Families differ only in what the runner calls: Qwen3 RMS-normalises each head's queries and keys
 before RoPE (`q_norm`, `k_norm`); Mistral (and Qwen2/Qwen3 with every layer sliding) attends over
@@ -98,7 +100,7 @@ class StepInputs:
     row_quantum: int = 0
 
 
-# About what one more attention call (SDPA plus its key/value copy) costs, in attended
+# About what one more attention call (plus its key/value copy) costs, in attended
 # (query row, key) pairs: a group is split off only when it saves more than this.
 GROUP_OVERHEAD = 1024
 MAX_DECODE_GROUPS = 4
@@ -174,9 +176,11 @@ def key_bucket(position: int, context: int) -> int:
     """Keys that a batch-invariant decode row at `position` attends over (masked beyond it).
 
     A function of the row alone: SDPA's bits change with the key length even where the extra keys
-    are masked, so a row's key length must not be its group's longest context (the fast path's
-    choice). Buckets grow geometrically (BUCKETS_PER_OCTAVE = 1: 64, 128, 256, ...), capped at the
-    context, so a step's rows fall into few buckets, at the price of attending up to twice the keys.
+    are masked, and nothing promises that the CPU path's reductions (softmax's vector loop and its
+    tail, the GEMM's blocking over keys) do not, so a row's key length must not be its group's
+    longest context (the fast path's choice). Buckets grow geometrically (BUCKETS_PER_OCTAVE = 1:
+    64, 128, 256, ...), capped at the context, so a step's rows fall into few buckets, at the
+    price of attending up to twice the keys.
     """
     need = position + 1
     if need <= BUCKET_MIN:
