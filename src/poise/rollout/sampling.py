@@ -32,14 +32,19 @@ _MIX2 = _signed(0x94D049BB133111EB)
 
 def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
     """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> k) & ((1 << (64 - k)) - 1)
+    return (x >> k).bitwise_and_((1 << (64 - k)) - 1)
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finaliser on int64 tensors (wrapping two's-complement arithmetic)."""
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    return x ^ _shr(x, 31)
+    """splitmix64 finaliser on int64 tensors (wrapping two's-complement arithmetic), in place:
+    `x` is a temporary of the caller's (the per-step sampling path runs on tiny tensors, where each
+    allocation costs about what the op does)."""
+    x ^= _shr(x, 30)
+    x *= _MIX1
+    x ^= _shr(x, 27)
+    x *= _MIX2
+    x ^= _shr(x, 31)
+    return x
 
 
 def _mix_u64(x: int) -> int:
@@ -62,7 +67,7 @@ def key_prefix(seed: int, sample_id: tuple[int, int, int]) -> int:
 
 def position_keys(prefixes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[B] keys from [B] `key_prefix` values and [B] positions (int64)."""
-    return _mix(prefixes ^ (positions.to(torch.int64) + _GOLDEN))
+    return _mix((positions.to(torch.int64) + _GOLDEN).bitwise_xor_(prefixes))
 
 
 def sample_keys(seed: int, sample_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -93,8 +98,8 @@ def _vocab_salt(vocab_size: int, device: torch.device) -> torch.Tensor:
 def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B] keys -> [B, V] float64 uniforms in (0, 1), one per vocabulary entry."""
     bits = _mix(keys[:, None] ^ _vocab_salt(vocab_size, keys.device)[None, :])
-    mantissa = _shr(bits, 11).to(torch.float64)  # 53 random bits
-    return (mantissa + 0.5) / float(1 << 53)
+    mantissa = (bits >> 11).bitwise_and_((1 << 53) - 1).to(torch.float64)  # 53 random bits
+    return mantissa.add_(0.5).mul_(1.0 / (1 << 53))  # a power of two: the same bits as dividing
 
 
 def filtered_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
@@ -146,9 +151,11 @@ def sample_with_keys(logits: torch.Tensor, keys: torch.Tensor | None,
     else:
         if keys is None:
             raise ValueError(f"sampling at temperature {cfg.temperature} needs a key per row")
-        logp_full = torch.log_softmax(logits / cfg.temperature, dim=-1)
+        # x / 1 == x: at temperature 1 the division is skipped, not changed
+        logp_full = torch.log_softmax(logits if cfg.temperature == 1 else logits / cfg.temperature, dim=-1)
         filters = 0 < cfg.top_k < logits.shape[-1] or cfg.top_p < 1.0
         logp = filtered_logprobs(logits, cfg) if filters else logp_full  # the same ops when nothing is filtered
-        gumbel = -torch.log(-torch.log(uniforms(keys, logits.shape[-1])))
-        tokens = torch.argmax(logp.double() + gumbel, dim=-1)
+        # Gumbel noise -log(-log u), added as the subtraction of log(-log u) (the same bits)
+        log_neg_log_u = uniforms(keys, logits.shape[-1]).log_().neg_().log_()
+        tokens = torch.argmax(logp.double().sub_(log_neg_log_u), dim=-1)
     return tokens, logp_full.gather(-1, tokens[:, None]).squeeze(-1)
