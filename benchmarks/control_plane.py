@@ -62,7 +62,10 @@ before torch loads) to see the figure without the spin. The header and the JSON 
 
 Determinism check: in bitwise mode, the final model.safetensors of every colocated, sync, assist (and
 colocated-1t) run must be byte-identical (the promise of DESIGN.md invariant 1); a mismatch prints a loud
-WARNING, it does not stop the benchmark. Prints the tables and writes
+WARNING, it does not stop the benchmark. On the random model the count task's rewards are all 0, so
+every gradient is 0, AdamW (no weight decay) leaves the initial weights, and the check says nothing
+about training; the line after it says so when that is the case (the suite's bitwise tests start
+from a warm start whose weights move). Prints the tables and writes
 bench-results/control_plane-<timestamp>.json; runs under runs/bench-control-plane/.
 """
 
@@ -157,6 +160,7 @@ def measure(run_dir: Path, warmup: int, samples_per_step: int) -> dict:
         "gen_s": gen, "train_s": train, "sync_s": sync, "gap_s": span / n - (gen + train + sync),
         "gen_busy_s": mean(list(gen_busy.values())), "train_busy_s": mean(list(busy.values())), "train_overlapped_s": mean(list(overlapped.values())),
         "response_len_mean": tokens / (n * samples_per_step), "reward_mean": mean([r["reward_mean"] for r in rows]),
+        "grad_norm_max": max(m.get("grad_norm", 0.0) for m in metrics.values()),
         "steps": [{"step": s["step"], "start": s["start"], "end": s["end"], "tokens": metrics[s["step"]]["tokens"],
                    "phases": metrics[s["step"]]["phases"]} for s in steps],
     }
@@ -253,6 +257,10 @@ def main() -> int:
         detail = "; ".join(f"{n}: {', '.join(h[:12] for h in hashes[n])}" for n in same)
         if identical:
             print(f"\nfinal model.safetensors: {' == '.join(same)} in every round (sha256 {hashes[same[0]][0][:16]})")
+            if all(x["grad_norm_max"] == 0 for n in same for x in by[n]):
+                print("  (but every step's gradient was 0: the count task's rewards are all 0 on this random model,\n"
+                      "  so AdamW without weight decay left the initial weights and equal bytes say nothing about\n"
+                      "  training; tests/runtime's bitwise tests, from a warm start with moving weights, check that)")
         elif args.determinism == "bitwise":
             print(f"\n{'!' * 78}\nWARNING: bitwise mode, but the final model.safetensors of {', '.join(same)} "
                   f"differ\n  {detail}\n{'!' * 78}")
