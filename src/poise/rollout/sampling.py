@@ -98,7 +98,7 @@ def _vocab_salt(vocab_size: int, device: torch.device) -> torch.Tensor:
 def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[B] keys -> [B, V] float64 uniforms in (0, 1), one per vocabulary entry."""
     bits = _mix(keys[:, None] ^ _vocab_salt(vocab_size, keys.device)[None, :])
-    mantissa = (bits >> 11).bitwise_and_((1 << 53) - 1).to(torch.float64)  # 53 random bits
+    mantissa = _shr(bits, 11).to(torch.float64)  # 53 random bits
     return mantissa.add_(0.5).mul_(1.0 / (1 << 53))  # a power of two: the same bits as dividing
 
 
