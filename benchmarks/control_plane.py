@@ -57,8 +57,11 @@ before generation ended (streamed micro-batches in sync; the whole update in asy
 Shared machine. With 2 cores and other jobs running (load > 2), a 2-thread torch process spends
 its time in OpenMP spin-waits at every parallel region (libgomp's default active wait), which makes
 colocated at 2 threads many times slower (10-50x per step at load ~10), while 1-thread devices are immune; compare `load` across
-runs, and run with OMP_WAIT_POLICY=passive in the environment (inherited by the Ray workers, set
-before torch loads) to see the figure without the spin. The header and the JSON record the policy.
+runs. OMP_WAIT_POLICY=passive in the environment (inherited by the Ray workers, set before torch
+loads) removes the spin but is no fairer: its second thread then sleeps between parallel regions
+and is woken for each, which on a quiet machine made colocated at 2 threads ~4x slower per step
+(2026-12-02: 0.74-1.09 s against 0.19-0.30 s; an engine decode step 5.5-6.3 ms against 1.0-1.7
+ms). Leave it unset for the acceptance figure. The header and the JSON record the policy.
 
 Determinism check: in bitwise mode, the final model.safetensors of every colocated, sync, assist (and
 colocated-1t) run must be byte-identical (the promise of DESIGN.md invariant 1); a mismatch prints a loud
