@@ -23,11 +23,9 @@ import math
 import random
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import write_results  # benchmarks/results.py
 from poise.config import EngineConfig, TinyModelConfig
 from poise.data.tokenizer import SEPARATOR, CharTokenizer
