@@ -102,16 +102,19 @@ def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mantissa.add_(0.5).mul_(1.0 / (1 << 53))  # a power of two: the same bits as dividing
 
 
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature; at 1 (and at 0, greedy) the logits themselves: x / 1 == x, so skipping
+    the division changes no bit."""
+    return logits if temperature in (0, 1) else logits / temperature
+
+
 def filtered_logprobs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """[B, V] logits -> [B, V] float32 log-probabilities after temperature, top-k and top-p.
 
     Removed tokens get -inf. Every operation is row-wise, so a row's result does not depend on
     the other rows.
     """
-    logits = logits.float()
-    if cfg.temperature > 0:
-        logits = logits / cfg.temperature
-    logp = torch.log_softmax(logits, dim=-1)
+    logp = torch.log_softmax(tempered(logits.float(), cfg.temperature), dim=-1)
     if cfg.top_k > 0 and cfg.top_k < logp.shape[-1]:
         kth = torch.topk(logp, cfg.top_k, dim=-1).values[:, -1:]
         logp = logp.masked_fill(logp < kth, float("-inf"))
@@ -151,8 +154,7 @@ def sample_with_keys(logits: torch.Tensor, keys: torch.Tensor | None,
     else:
         if keys is None:
             raise ValueError(f"sampling at temperature {cfg.temperature} needs a key per row")
-        # x / 1 == x: at temperature 1 the division is skipped, not changed
-        logp_full = torch.log_softmax(logits if cfg.temperature == 1 else logits / cfg.temperature, dim=-1)
+        logp_full = torch.log_softmax(tempered(logits, cfg.temperature), dim=-1)
         filters = 0 < cfg.top_k < logits.shape[-1] or cfg.top_p < 1.0
         logp = filtered_logprobs(logits, cfg) if filters else logp_full  # the same ops when nothing is filtered
         # Gumbel noise -log(-log u), added as the subtraction of log(-log u) (the same bits)

@@ -23,6 +23,7 @@ import torch
 from poise.algo.losses import grpo_loss
 from poise.config import AlgorithmConfig
 from poise.policy.plan import MicroStats, loss_normaliser, pack_rows, plan_step, step_stats
+from poise.rollout.sampling import tempered
 from poise.train.reduce import tree_sum
 
 
@@ -115,9 +116,7 @@ def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: flo
     hidden = model.get_decoder()(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
                                  use_cache=False).last_hidden_state
     picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.predict_at.to(device))
-    logits = model.get_output_embeddings()(picked).float()
-    if temperature > 0:
-        logits = logits / temperature
+    logits = tempered(model.get_output_embeddings()(picked).float(), temperature)
     return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.to(device)[:, None]).squeeze(-1)
 
 
