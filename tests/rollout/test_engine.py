@@ -12,7 +12,7 @@ from poise.data.tokenizer import CharTokenizer
 from poise.errors import PoiseError
 from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
 from poise.rollout.runner import DecoderRunner, key_bucket
-from poise.rollout.sampling import SamplingConfig
+from poise.rollout.sampling import NoiseTable, SamplingConfig
 from poise.types import Request
 
 VOCAB = 60  # tests/rollout/conftest.py builds the tiny models with the char tokenizer's vocabulary
@@ -218,6 +218,29 @@ def test_sampling_seed_changes_tokens(qwen2):
     a = by_id(engine(qwen2, num_slots=4, seed=1).generate(reqs))
     b = by_id(engine(qwen2, num_slots=4, seed=2).generate(reqs))
     assert any(a[sid].token_ids != b[sid].token_ids for sid in a)
+
+
+@pytest.mark.parametrize("mode", ["bitwise rows", "bitwise tiles", "fast"])
+def test_the_noise_table_changes_no_token(qwen2, mode, monkeypatch):
+    """Gumbel noise made a few positions ahead (rollout/sampling.py NoiseTable) must sample what
+    per-step noise samples: long responses cross many refills, and 20 requests on 6 slots reuse
+    slots."""
+    invariant = mode != "fast"
+    if mode == "bitwise tiles":
+        monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
+    sampling = dataclasses.replace(STOCHASTIC, max_new_tokens=60)
+    reqs = [dataclasses.replace(r, max_new_tokens=None) for r in requests(20)]
+    per_step = engine(qwen2, sampling, num_slots=6, batch_invariant=invariant)
+    per_step.noise = None
+    reference = by_id(per_step.generate(reqs))
+    ahead = engine(qwen2, sampling, num_slots=6, batch_invariant=invariant)
+    rows = ahead.noise.table.shape[0]
+    ahead.noise = NoiseTable(rows, 5, VOCAB, torch.device("cpu"))  # a short span: a refill every 5 tokens
+    run = by_id(ahead.generate(reqs))
+    assert max(len(s.token_ids) for s in run.values()) > 20  # many refills per sequence
+    assert ahead.noise.refilled >= sum(len(s.token_ids) for s in run.values()) // 5
+    assert {sid: (s.token_ids, s.logprobs) for sid, s in run.items()} == \
+           {sid: (s.token_ids, s.logprobs) for sid, s in reference.items()}
 
 
 # ---- migration ------------------------------------------------------------------------------------

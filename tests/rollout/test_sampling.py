@@ -1,7 +1,7 @@
 import torch
 
-from poise.rollout.sampling import (SamplingConfig, filtered_logprobs, key_prefix, position_keys, sample_keys,
-                                    sample_next)
+from poise.rollout.sampling import (NoiseTable, SamplingConfig, filtered_logprobs, gumbel_offsets, key_prefix,
+                                    position_keys, sample_keys, sample_next)
 
 
 def _ids(rows):
@@ -67,3 +67,35 @@ def test_greedy_and_logprobs_are_of_the_tempered_distribution():
     assert lp.item() == torch.log_softmax(logits, -1)[0, 0].item()
     tok2, lp2 = sample_next(logits, 0, _ids([[0, 0, 0]]), torch.tensor([0]), SamplingConfig(temperature=2.0))
     assert lp2.item() == torch.log_softmax(logits / 2.0, -1)[0, tok2.item()].item()
+
+
+def test_the_noise_table_gives_every_row_its_per_step_noise_across_refills_and_slot_reuse():
+    """The engine's NoiseTable makes each slot's noise `span` positions ahead; every row it hands
+    out must be, bit for bit, what the per-step path makes from (key prefix, position)."""
+    vocab, span = 50, 4
+    table = NoiseTable(rows=5, span=span, vocab_size=vocab, device=torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    owners = {r: int(torch.randint(-2**62, 2**62, (1,), generator=gen)) for r in range(4)}
+    positions = {r: r for r in range(4)}  # rows at different points of their spans
+    made = 0
+    for step in range(23):
+        if step == 9:  # slot 2 gets a new sequence, which starts at position 0 again
+            owners[2], positions[2] = owners[2] ^ 12345, 0
+        if step == 14:  # slot 1 gets another sample's resumed partial, at the very same position
+            owners[1] ^= 67890
+        live = [r for r in range(4) if (step + r) % 5]  # rows come and go from the batch
+        picks = [(r, owners[r], positions[r]) for r in live] + [(4, 0, 0)] * 3  # padding rows share row 4
+        noise = table.rows(picks)
+        keys = position_keys(torch.tensor([o for _, o, _ in picks]), torch.tensor([at for _, _, at in picks]))
+        assert torch.equal(noise, gumbel_offsets(keys, vocab)), step
+        for r in live:
+            positions[r] += 1
+        made = table.refilled
+    # one refill per row per `span` positions it moved (and per new sequence), not one per step
+    assert made <= 4 * (23 // span + 2) + 1 + 1
+
+
+def test_the_noise_table_shrinks_its_span_for_large_vocabularies():
+    assert NoiseTable.span_for(33, 60) == NoiseTable.SPAN
+    assert 0 < NoiseTable.span_for(33, 16_000) < NoiseTable.SPAN
+    assert NoiseTable.span_for(33, 152_064) == 0  # Qwen's vocabulary: per-step noise

@@ -58,7 +58,8 @@ from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
-from poise.rollout.sampling import SamplingConfig, key_prefix, position_keys, sample_with_keys
+from poise.rollout.sampling import (NoiseTable, SamplingConfig, key_prefix, position_keys, sample_with_keys,
+                                    sample_with_noise)
 from poise.types import FinishReason, Request, Sample, SampleId
 
 
@@ -135,6 +136,11 @@ class Engine:
         if cfg.batch_invariant and not self.row_quantum:  # whole tiles: each a view of consecutive cache rows
             slots = math.ceil(slots / cfg.invariant_tile) * cfg.invariant_tile
         self.cache = KVCache(self.runner.cache_shape(slots, self.context), self.runner.dtype, self.runner.device)
+        # every slot's Gumbel noise, made NoiseTable.SPAN positions ahead (None: made per step);
+        # row `cache.scratch` serves the padding rows of fixed-shape tiles
+        vocab = self.model.lm_head.weight.shape[0]  # the logits' width
+        span = NoiseTable.span_for(slots + 1, vocab) if sampling.temperature > 0 else 0
+        self.noise = NoiseTable(slots + 1, span, vocab, self.runner.device) if span else None
         self._free = list(range(cfg.num_slots))  # a heap: lowest slot first keeps live slots packed
         self._slots: dict[int, _Sequence] = {}
         self._queue: deque[_Sequence] = deque()
@@ -298,6 +304,10 @@ class Engine:
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send
             return sample_with_keys(logits, None, self.sampling)
+        if self.noise is not None:
+            scratch = self.cache.scratch
+            return sample_with_noise(logits, self.noise.rows([(seq.slot, seq.key_prefix, len(seq.tokens)) if seq
+                                                              else (scratch, 0, 0) for seq in members]), self.sampling)
         # one host->device copy: (key prefix of the sample id, position) per row
         keys = torch.tensor([(seq.key_prefix, len(seq.tokens)) if seq else (0, 0) for seq in members],
                             dtype=torch.int64, device=logits.device)

@@ -102,6 +102,13 @@ def uniforms(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return mantissa.add_(0.5).mul_(1.0 / (1 << 53))  # a power of two: the same bits as dividing
 
 
+def gumbel_offsets(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B] keys -> [B, V] float64 log(-log u): the Gumbel noise, negated, that sampling subtracts
+    from the log-probabilities. Element-wise, so a row's values do not depend on the other rows or
+    on how many rows are made at once (`NoiseTable` makes them ahead)."""
+    return uniforms(keys, vocab_size).log_().neg_().log_()
+
+
 def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """logits / temperature; at 1 (and at 0, greedy) the logits themselves: x / 1 == x, so skipping
     the division changes no bit."""
@@ -147,17 +154,83 @@ def sample_with_keys(logits: torch.Tensor, keys: torch.Tensor | None,
                      cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample_next` with each row's key already made (`sample_keys`, or `position_keys` over an
     engine's per-sequence `key_prefix`); keys may be None when greedy."""
+    if cfg.temperature == 0:
+        return sample_with_noise(logits, None, cfg)
+    if keys is None:
+        raise ValueError(f"sampling at temperature {cfg.temperature} needs a key per row")
+    return sample_with_noise(logits, gumbel_offsets(keys, logits.shape[-1]), cfg)
+
+
+def sample_with_noise(logits: torch.Tensor, noise: torch.Tensor | None,
+                      cfg: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_with_keys` with each row's `gumbel_offsets` already made ([B, V] float64; None
+    when greedy)."""
     logits = logits.float()
     if cfg.temperature == 0:
         tokens = torch.argmax(logits, dim=-1)
         logp_full = torch.log_softmax(logits, dim=-1)
     else:
-        if keys is None:
-            raise ValueError(f"sampling at temperature {cfg.temperature} needs a key per row")
+        if noise is None:
+            raise ValueError(f"sampling at temperature {cfg.temperature} needs Gumbel noise per row")
         logp_full = torch.log_softmax(tempered(logits, cfg.temperature), dim=-1)
         filters = 0 < cfg.top_k < logits.shape[-1] or cfg.top_p < 1.0
         logp = filtered_logprobs(logits, cfg) if filters else logp_full  # the same ops when nothing is filtered
         # Gumbel noise -log(-log u), added as the subtraction of log(-log u) (the same bits)
-        log_neg_log_u = uniforms(keys, logits.shape[-1]).log_().neg_().log_()
-        tokens = torch.argmax(logp.double().sub_(log_neg_log_u), dim=-1)
+        tokens = torch.argmax(logp.double().sub_(noise), dim=-1)
     return tokens, logp_full.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class NoiseTable:
+    """Each slot's `gumbel_offsets` for the next `span` response positions of its sequence, made
+    `span` positions at a time for every sequence that needs them in one batch.
+
+    Why: at decode sizes making a step's noise costs about what the step's matmuls do (some
+    twenty ops on a few rows; ~70 us of a ~1 ms step on the peer workload), and most of that is
+    per-op cost, which making `span` positions at once pays once. The values are those of
+    `sample_with_keys` bit for bit (element-wise ops give an element the same bits in any
+    tensor), so tokens do not change. Memory: (slots + 1) x span x vocab float64, so
+    `NoiseTable.span_for` shrinks the span for large vocabularies (0: not worth a table).
+    """
+
+    SPAN = 32  # positions made at once: a refill costs about one step's noise per 2-4 positions here
+    BYTES = 32 << 20  # the table's budget
+    MIN_SPAN = 4  # below this the per-step keys cost about what the table saves
+
+    @classmethod
+    def span_for(cls, rows: int, vocab_size: int) -> int:
+        span = min(cls.SPAN, cls.BYTES // (rows * vocab_size * 8))
+        return span if span >= cls.MIN_SPAN else 0
+
+    def __init__(self, rows: int, span: int, vocab_size: int, device: torch.device):
+        self.span, self.vocab_size, self.device = span, vocab_size, device
+        self.table = torch.zeros((rows, span, vocab_size), dtype=torch.float64, device=device)
+        # what each table row holds: the noise of key prefix owner[r] at positions first[r] ...
+        # first[r] + span - 1. A prefix is the sample's whole identity in the noise (keys are a
+        # function of prefix and position), so a match needs no other bookkeeping.
+        self.owner: list[int | None] = [None] * rows
+        self.first = [0] * rows
+        self.refilled = 0  # table rows made (for tests and benchmarks)
+
+    def rows(self, picks: list[tuple[int, int, int]]) -> torch.Tensor:
+        """[B, V] noise of the rows given as (table row, key prefix, position); a table row that
+        does not hold that prefix at that position first gets the `span` positions from there."""
+        stale = {r: (r, prefix, at) for r, prefix, at in picks  # a row once (padding rows share one)
+                 if self.owner[r] != prefix or not 0 <= at - self.first[r] < self.span}
+        if stale:
+            self._refill(list(stale.values()))
+        span, first = self.span, self.first
+        index = torch.tensor([r * span + at - first[r] for r, _, at in picks], dtype=torch.int64, device=self.device)
+        return self.table.view(-1, self.vocab_size).index_select(0, index)
+
+    def _refill(self, stale: list[tuple[int, int, int]]) -> None:
+        """Make the `span` positions from `at` of each (row, prefix, at), all in one batch."""
+        spec = torch.tensor([(prefix, at) for _, prefix, at in stale], dtype=torch.int64, device=self.device)
+        offsets = torch.arange(self.span, dtype=torch.int64, device=self.device)
+        positions = (spec[:, 1:] + offsets).reshape(-1)
+        keys = position_keys(spec[:, 0].repeat_interleave(self.span), positions)
+        noise = gumbel_offsets(keys, self.vocab_size).view(len(stale), self.span, self.vocab_size)
+        table_rows = [r for r, _, _ in stale]
+        self.table[torch.tensor(table_rows, dtype=torch.int64, device=self.device)] = noise
+        for r, prefix, at in stale:
+            self.owner[r], self.first[r] = prefix, at
+        self.refilled += len(stale)
