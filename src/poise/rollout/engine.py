@@ -9,7 +9,8 @@ and the freed slot goes to the next request. Each finished sample goes out at on
 
 Determinism (DESIGN.md invariants 1 and 2). Sampling randomness is a pure function of
 (seed, sample id, position) (`poise.rollout.sampling`), so a sample's tokens depend only on its
-logits. With `batch_invariant: true` the logits are bit-identical whatever else runs. Batch
+logits; each slot's noise is made 32 positions ahead (`NoiseTable`: the same bits, fewer small
+ops per step). With `batch_invariant: true` the logits are bit-identical whatever else runs. Batch
 invariance comes from fixing every reduction order a row sees, not from fixed shapes (vLLM's and
 SGLang's batch-invariant kernels fix split sizes the same way), so a step costs about what the
 fast mode's does (the one forward per step with every live row, `StepInputs.row_quantum`):
