@@ -17,7 +17,7 @@ import ray
 
 from poise.runtime.driver import train_disaggregated
 from poise.errors import PoiseError
-from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure, StepTimeout, kill_hooks, wait
+from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure, StepTimeout, WorkerLost, kill_hooks, wait
 from poise.train.checkpoint import latest_checkpoint, verify_checkpoint
 
 from fault_runs import assert_logged_once, baseline, config, env, run_once
@@ -41,8 +41,11 @@ def _recoveries(record) -> list[dict]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factory, warm_start, read_run, mode):
     straight = baseline(mode, tmp_path_factory, warm_start, read_run)
+    # a 60 s deadline (and gloo timeout): gloo does not notice a peer killed during a weight sync, so
+    # a survivor can sit in the broadcast until this timeout, and the recovery's probe of it with it
+    # (seen three times on 2026-12-02: 10 min each at the default 600 s)
     killed = run_once(f"{mode}-killed", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
-                      f"pipeline.mode={mode}", hooks={KILL_ENV: KILLS[mode]})
+                      f"pipeline.mode={mode}", "cluster.step_timeout_s=60", hooks={KILL_ENV: KILLS[mode]})
     straight.assert_learned(warm_start)
     killed.assert_learned(warm_start)
     recoveries = _recoveries(killed)
@@ -106,6 +109,21 @@ def test_the_deadline_is_a_heartbeat(ray_session):
              role="train")
     assert time.monotonic() - t0 < 30
     ray.kill(sleeper)
+
+
+def test_a_dead_actor_ends_the_wait_at_once_while_the_other_call_still_hangs(ray_session):
+    """A survivor stuck in a collective with the dead peer would hold the wait until gloo's timeout
+    (step_timeout_s, 10 min by default); the dead actor's failed call must end it at once."""
+    hung, doomed = _Sleeper.remote(), _Sleeper.remote()
+    ray.get([hung.after.remote(0), doomed.after.remote(0)])  # both started
+    refs = [hung.after.remote(120), doomed.after.remote(120)]
+    time.sleep(0.5)
+    ray.kill(doomed)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerLost, match=r"device\(s\) \[4\] lost during a weight sync"):
+        wait(refs, [3, 4], "a weight sync", timeout_s=60.0)
+    assert time.monotonic() - t0 < 20
+    ray.kill(hung)
 
 
 def test_a_misspelt_fault_hook_is_refused():

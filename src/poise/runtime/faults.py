@@ -86,22 +86,31 @@ def wait(refs: Sequence, devices: Sequence[int], what: str, timeout_s: float, rt
     `devices[i]` is the device that runs `refs[i]` (for the one-line message, with its role from
     `rt` or `role`). A dead actor, or a
     call that failed because another actor died (a collective with a dead peer, a get of a dead
-    actor's result), raises WorkerLost; any other error is raised as it is.
+    actor's result), raises WorkerLost; any other error is raised as it is. Either is raised as
+    soon as it arrives, not after the other calls: a survivor in a collective with the dead peer
+    may wait there until gloo's timeout (`step_timeout_s`; seen once with a sender killed during a
+    weight sync), and recovery replaces every actor anyway.
     """
-    pending = list(refs)
+    at: dict = {}  # ref -> its indices in refs
+    for i, ref in enumerate(refs):
+        at.setdefault(ref, []).append(i)
+    out: list = [None] * len(refs)
+    pending = list(at)
     while pending:
         ready, pending = ray.wait(pending, num_returns=1, timeout=timeout_s)
         if not ready:
-            late = sorted({devices[i] for i, r in enumerate(refs) if r in pending})
+            late = sorted({devices[i] for ref in pending for i in at[ref]})
             raise StepTimeout(hang_message(rt, late, what, timeout_s, role))
-        if len(pending) > 1:  # collect whatever else is done, then restart the clock
+        if pending:  # collect whatever else is done, then restart the clock
             more, pending = ray.wait(pending, num_returns=len(pending), timeout=0)
-    out = []
-    for ref, device in zip(refs, devices):
-        try:
-            out.append(ray.get(ref))
-        except (RayActorError, RayTaskError) as e:
-            raise lost_or_raise(rt, e, [device], what) from e
+            ready += more
+        for ref in ready:
+            try:
+                result = ray.get(ref)
+            except (RayActorError, RayTaskError) as e:
+                raise lost_or_raise(rt, e, [devices[i] for i in at[ref]], what) from e
+            for i in at[ref]:
+                out[i] = result
     return out
 
 
