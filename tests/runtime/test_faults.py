@@ -42,8 +42,8 @@ def _recoveries(record) -> list[dict]:
 def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factory, warm_start, read_run, mode):
     straight = baseline(mode, tmp_path_factory, warm_start, read_run)
     # a 60 s deadline (and gloo timeout): gloo does not notice a peer killed during a weight sync, so
-    # a survivor can sit in the broadcast until this timeout, and the recovery's probe of it with it
-    # (seen three times on 2026-12-02: 10 min each at the default 600 s)
+    # a survivor can sit in its broadcast until this timeout, and the recovery's probe of it waits as
+    # long (seen three times on 2026-12-02: 10 min each at the default 600 s)
     killed = run_once(f"{mode}-killed", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
                       f"pipeline.mode={mode}", "cluster.step_timeout_s=60", hooks={KILL_ENV: KILLS[mode]})
     straight.assert_learned(warm_start)

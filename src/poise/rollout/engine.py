@@ -305,10 +305,10 @@ class Engine:
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send
             return sample_with_keys(logits, None, self.sampling)
-        if self.noise is not None:
-            scratch = self.cache.scratch
-            return sample_with_noise(logits, self.noise.rows([(seq.slot, seq.key_prefix, len(seq.tokens)) if seq
-                                                              else (scratch, 0, 0) for seq in members]), self.sampling)
+        if self.noise is not None:  # padding rows (None) take the scratch row's noise, and are dropped
+            picks = [(seq.slot, seq.key_prefix, len(seq.tokens)) if seq else (self.cache.scratch, 0, 0)
+                     for seq in members]
+            return sample_with_noise(logits, self.noise.rows(picks), self.sampling)
         # one host->device copy: (key prefix of the sample id, position) per row
         keys = torch.tensor([(seq.key_prefix, len(seq.tokens)) if seq else (0, 0) for seq in members],
                             dtype=torch.int64, device=logits.device)

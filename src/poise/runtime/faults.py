@@ -87,9 +87,9 @@ def wait(refs: Sequence, devices: Sequence[int], what: str, timeout_s: float, rt
     `rt` or `role`). A dead actor, or a
     call that failed because another actor died (a collective with a dead peer, a get of a dead
     actor's result), raises WorkerLost; any other error is raised as it is. Either is raised as
-    soon as it arrives, not after the other calls: a survivor in a collective with the dead peer
-    may wait there until gloo's timeout (`step_timeout_s`; seen once with a sender killed during a
-    weight sync), and recovery replaces every actor anyway.
+    soon as it arrives, not after the other calls: gloo does not notice a dead peer, so a survivor
+    in a collective with it waits there until gloo's timeout (`step_timeout_s`), and recovery
+    replaces every actor anyway.
     """
     at: dict = {}  # ref -> its indices in refs
     for i, ref in enumerate(refs):
