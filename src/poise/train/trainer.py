@@ -138,6 +138,12 @@ class PolicyTrainer:
         self.ref_model = ref_model
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
+        if cfg.gradient_checkpointing:
+            # non-reentrant: works with autograd.grad and recomputes with the same kernels (same bits)
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
