@@ -504,10 +504,12 @@ class Driver:
                       start=rel(start), end=rel(end))
         for m in micro:
             log.event("interval", rel(m["start"]), device=m["device"], role="train", phase="micro_batch",
-                      step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"])
-        for u in updates:
+                      step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
+                      **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
+        for u in updates:  # real compute reports the reduction's traffic
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
-                      step=step, start=rel(u["start"]), end=rel(u["end"]))
+                      step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens
         for s in samples:
             log.event("sample", rel(s.finish_time), id=list(s.sample_id), step=step,

@@ -169,18 +169,20 @@ class TorchTrainShard:
             grads.append(total[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         norm = self.trainer.apply_update(grads, normaliser)
+        traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
-                "received_bytes": received}
+                **traffic}
 
     def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
         """`pipeline.assist`: a rollout device's part of the reduction (the gradients of `indices`,
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
-        _, received = self._reduce(num_micro_batches, indices, ranks)
-        return {"start": start, "end": time.time(), "device": self.rank, "received_bytes": received}
+        self._reduce(num_micro_batches, indices, ranks)
+        return {"start": start, "end": time.time(), "device": self.rank}
 
-    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]) -> tuple[torch.Tensor, int]:
-        """The mini-batch's summed gradient (flat) and the bytes this rank received for it."""
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]
+                ) -> tuple[torch.Tensor, int | None]:
+        """The mini-batch's summed gradient (flat) and the bytes this rank received for it (bitwise)."""
         if self._held != set(indices):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
                                f"got {sorted(self._held)}")
@@ -190,7 +192,7 @@ class TorchTrainShard:
             total = self._sum if self._sum is not None else torch.zeros(self.numel, device=self.device)
             self._sum = None
             dist.all_reduce(total, group=group)
-            return total, 4 * self.numel
+            return total, None  # what the backend's all-reduce moves is its own
         m = num_micro_batches
         nodes = self._tree.nodes(m)
         if sorted(nodes) != sorted(index_nodes(indices, m)):  # the tree's invariant, checked where it is used
