@@ -215,6 +215,9 @@ class ClusterConfig:
     device: Literal["cpu", "cuda"] = help_field("cpu", "cpu: each device is a CPU worker with "
                                                        "threads_per_device threads; cuda: one GPU per device")
     threads_per_device: int = help_field(1, "torch threads per device (pinned in bitwise mode)")
+    gpus_per_device: float = help_field(1.0, "cuda: the share of a GPU each device holds; below 1 several devices "
+                                             "share one GPU (0.5: two per GPU, for a one-GPU machine) and their "
+                                             "collectives go over gloo, since NCCL refuses two ranks on one GPU")
     split: tuple[int, ...] = help_field((), "[rollout devices, train devices]; empty = the allocator decides")
     address: str | None = help_field(None, "join this Ray cluster (host:port); null starts a local Ray")
     connect_timeout_s: float = help_field(20.0, "give up joining a cluster or placing devices after this long")
@@ -241,6 +244,10 @@ class ClusterConfig:
         check(self.devices >= 2, "devices", self.devices,
               "a disaggregated job needs at least 2 devices (one rollout, one train); use pipeline.mode=colocated for 1")
         check(self.threads_per_device >= 1, "threads_per_device", self.threads_per_device, "must be >= 1")
+        check(0 < self.gpus_per_device <= 1, "gpus_per_device", self.gpus_per_device,
+              "must be in (0, 1]: 1 = a GPU per device, 0.5 = two devices per GPU")
+        check(self.gpus_per_device == 1 or self.device == "cuda", "gpus_per_device", self.gpus_per_device,
+              "shares GPUs, so it needs cluster.device=cuda; drop it on CPU")
         if self.split:
             check(len(self.split) == 2, "split", list(self.split), "give [rollout devices, train devices]")
             check(min(self.split) >= 1, "split", list(self.split),

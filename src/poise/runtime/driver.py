@@ -82,7 +82,7 @@ class Runtime:
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
-                               c.step_timeout_s, faults.hang_hook())
+                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device)
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
@@ -105,7 +105,7 @@ class Runtime:
         """Place the devices' worker actors in the pool's bundles, in the roles of `split`."""
         c, algo = self.cfg.cluster, self.cfg.algorithm
         port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
-        resources = {"num_gpus": 1} if c.device == "cuda" else {}
+        resources = {"num_gpus": c.gpus_per_device} if c.device == "cuda" else {}
         # the thread env of every device process, also on a joined cluster, whose job has none of
         # start_local's runtime_env: the same OpenMP/MKL set-up on every node (issue 11)
         resources["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(c.threads_per_device),

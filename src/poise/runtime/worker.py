@@ -45,6 +45,7 @@ class WorkerSpec:
     emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
+    gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
 
 
 class Device(FileEndpoint):
@@ -319,11 +320,12 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     torch.manual_seed(spec.seed)  # the colocated loop's RNG state, saved in checkpoints
     device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=spec.step_timeout_s)  # a dead peer must not hold a survivor for 30 min
+    from poise.runtime.cluster import collective_backend
     from poise.runtime.faults import START_UP_S
 
     # the rendezvous waits for the slowest actor's start (model imports on a loaded machine)
     store = join_rendezvous(rank, world_size, rendezvous, max(timeout, datetime.timedelta(seconds=START_UP_S)))
-    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", store=store, rank=rank,
+    dist.init_process_group(collective_backend(spec.device, spec.gpus_per_device), store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
