@@ -183,7 +183,9 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
-    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
+    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = what the run needs: its longest "
+                                     "prompt + max_new_tokens, rounded up to a power of two, at most the model's "
+                                     "max_position_embeddings (an engine built without a run: the model's maximum)")
     batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
                                               "co-batched requests (fixed reduction orders: on CPU about the "
                                               "fast mode's cost; fixed-shape tiles on CUDA, slower)")
@@ -195,6 +197,8 @@ class EngineConfig:
     stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
                                                    "(needs a tokenizer); the completing token is kept")
     weight_bucket_mb: float = help_field(64.0, "load_weights stages at most this many MiB at a time")
+    kv_cache_gb: float = help_field(0.0, "largest KV cache of one engine, in GiB: an engine runs fewer than "
+                                         "num_slots slots to fit it (never a shorter context); 0 = no limit")
 
     def __post_init__(self) -> None:
         check(self.num_slots >= 1, "num_slots", self.num_slots, "must be >= 1")
@@ -205,6 +209,8 @@ class EngineConfig:
         check(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", self.stop_strings,
               "must be non-empty strings")
         check(self.weight_bucket_mb > 0, "weight_bucket_mb", self.weight_bucket_mb, "must be > 0")
+        check(self.kv_cache_gb >= 0 and math.isfinite(self.kv_cache_gb), "kv_cache_gb", self.kv_cache_gb,
+              "must be >= 0 GiB (0 = no limit), e.g. 20")
 
 
 @dataclass(frozen=True)

@@ -125,8 +125,14 @@ class Device(FileEndpoint):
         if role == "rollout" and self.role == "train":
             self.shard.drop_optimizer()
             self.loop.with_engine(lambda engine: engine.set_weights_version(version))
+        if role == "train" and self.role == "rollout":  # the KV cache's memory goes to the optimizer state
+            self.loop.with_engine(lambda engine: engine.release())
         self.role = role
         return self.version
+
+    def generation_bytes(self) -> int:
+        """Bytes the rollout engine holds now (KV cache and noise table; 0 where it never generated)."""
+        return self.loop.with_engine(lambda engine: getattr(engine, "cache_bytes", 0))
 
     def restore_version(self, version: int) -> int:
         """Emulated compute's reload after a hard resize: no weights exist, only their version."""
@@ -313,6 +319,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     from poise.data.tokenizer import load_tokenizer
     from poise.rollout.engine import Engine
     from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard
+    from poise.train.determinism import bitwise_cuda
     from poise.train.setup import pin_threads
     from poise.train.trainer import PolicyTrainer
 
@@ -330,6 +337,8 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     model = _initial_policy(spec, tokenizer).to(device)
+    if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
+        bitwise_cuda(device, model.config.model_type)
     ref = None
     if spec.algorithm.kl_coef > 0:
         ref = _initial_policy(spec, tokenizer).to(device).requires_grad_(False).eval()
