@@ -377,7 +377,13 @@ def join_rendezvous(rank: int, world_size: int, key: str, timeout):
     from poise.runtime.cluster import interface_of
 
     here = ray.util.get_node_ip_address()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(here))
+    interface = interface_of(here)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)  # NCCL's bootstrap and socket transport: the same one
+    # 2 = CleanUpOnly: a collective whose peer died or hung past the timeout aborts its communicator and
+    # raises in this process, which lives on to be recovery's surviving replica. Torch's default (3)
+    # tears the process down, and without handling the CUDA stream stays stuck behind the collective.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     if rank == 0:
         listener = socket.socket(socket.AF_INET6 if ":" in here else socket.AF_INET)
         listener.bind((here, 0))
