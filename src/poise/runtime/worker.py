@@ -67,6 +67,8 @@ class Device(FileEndpoint):
 
     # ---- role and communicators ---------------------------------------------------------------
     def set_role(self, role: Role) -> Role:
+        if role == "train" and self.role != "train":  # a train device holds no generation memory
+            self.loop.with_engine(lambda engine: engine.release())
         self.role = role
         return role
 
