@@ -171,8 +171,9 @@ def device_pool(cfg: ClusterConfig) -> DevicePool:
     have = ray.cluster_resources().get(resource, 0)
     need = cfg.devices * (cfg.gpus_per_device if cfg.device == "cuda" else 1)
     if have < need - 1e-9:
-        raise PoiseError(f"cluster.devices={cfg.devices} needs {need:g} {resource}s but the Ray cluster has "
-                         f"{have:g}; lower cluster.devices or add nodes")
+        share = f" at gpus_per_device={cfg.gpus_per_device:g} ({need:g} GPUs)" if cfg.device == "cuda" else ""
+        raise PoiseError(f"cluster.devices={cfg.devices}{share} but the Ray cluster has {have:g} {resource}s; "
+                         f"lower cluster.devices or add nodes")
     return _place(cfg, cfg.devices, f"{cfg.devices} devices",
                   " (other jobs hold the resources?); lower cluster.devices or free the cluster")
 
