@@ -72,3 +72,14 @@ def test_gpus_per_device_is_validated(value, why):
 def test_the_one_gpu_config_loads():
     cfg = load_train_config(None, ["cluster.device=cuda", "cluster.devices=2", "cluster.gpus_per_device=0.5"])
     assert cfg.cluster.gpus_per_device == 0.5
+
+
+def test_gpu_checks_shared_gpu_run_is_a_valid_config():
+    """benchmarks/gpu_check.sh's shared-GPU run (three devices on one GPU, a live resize) loads, needs one
+    GPU and runs its collectives over gloo."""
+    cfg = load_train_config(None, ["pipeline.mode=sync", "cluster.device=cuda", "cluster.devices=3",
+                                   "cluster.gpus_per_device=0.33", "cluster.split=[2,1]",
+                                   "resize.schedule=[{at_step: 2, split: [1, 2]}]", "resize.mode=live",
+                                   "run.steps=4", "run.checkpoint_every=2"])
+    assert cluster.gpus_needed(cfg.cluster) == 1
+    assert cluster.collective_backend(cfg.cluster.device, cfg.cluster.gpus_per_device) == "gloo"
