@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from poise.errors import PoiseError
+from poise.train.optim_state import place_state
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
 # An async run's checkpoint also holds the samples of the next step, made with the weights before
@@ -189,8 +190,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     for key, value in saved.items():
         name, field = key.split("::")
         by_param.setdefault(name, {})[field] = value
-    for name, fields in by_param.items():
-        optimizer.state[params[name]] = {k: v.clone() for k, v in fields.items()}
+    for name, fields in by_param.items():  # onto the parameter's device and dtype (issue 31)
+        optimizer.state[params[name]] = place_state(optimizer, params[name], fields)
     meta = json.loads((path / "state.json").read_text())
     torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
     return TrainState(step=meta["step"], weights_version=meta["weights_version"])

@@ -11,6 +11,7 @@ import torch
 
 from poise.config import TrainConfig
 from poise.data.tokenizer import Tokenizer
+from poise.errors import PoiseError
 from poise.model.loading import build_tiny, load_model
 from poise.train.sft import run_sft
 
@@ -39,6 +40,19 @@ def _deterministic_algorithms() -> None:
     fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
     if fill is not None:
         fill(False)
+
+
+def run_device(device: str) -> torch.device:
+    """The torch device of a process of `cluster.device` (a Ray actor sees its own GPU as cuda:0),
+    touched once so that a missing GPU or a CPU-only torch fails here, before any work."""
+    target = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    try:
+        torch.empty(0, device=target)
+    except (AssertionError, RuntimeError) as e:  # a CPU-only build raises AssertionError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PoiseError(f"cluster.device={device}, but torch {torch.__version__} cannot use it here ({first}); "
+                         "install a CUDA build of torch (README, GPUs) or set cluster.device=cpu") from None
+    return target
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:
