@@ -25,7 +25,7 @@ from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
-from poise.train.trainer import PolicyTrainer
+from poise.train.trainer import PolicyTrainer, param_views
 
 
 class CommunicatorCache:
@@ -132,7 +132,7 @@ class TorchTrainShard:
                  device: torch.device, on_version) -> None:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
-        self.numel = sum(p.numel() for p in trainer.params)
+        self.numel = trainer.numel
         self._tree = TreeAccumulator(torch.add)  # bitwise: the held micro-batches' tree nodes
         self._sum: torch.Tensor | None = None  # semantic: their running sum (reassociation allowed)
         self._held: set[int] = set()
@@ -141,8 +141,7 @@ class TorchTrainShard:
     def train_micro_batch(self, index: int, samples, advantages) -> dict:
         start = time.time()
         result = self.trainer.micro_batch_grad(index, samples, torch.tensor(advantages, dtype=torch.float32))
-        flat = torch.cat([g.reshape(-1) for g in result.grads])
-        result.grads = []
+        flat, result.flat_grad = result.flat_grad, torch.empty(0)
         if index in self._held:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
         self._held.add(index)
@@ -167,11 +166,7 @@ class TorchTrainShard:
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
         total, received = self._reduce(num_micro_batches, indices, ranks)
-        grads, offset = [], 0
-        for p in self.trainer.params:
-            grads.append(total[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        norm = self.trainer.apply_update(grads, normaliser)
+        norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
         traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
                 **traffic}
