@@ -6,18 +6,22 @@
     pool.close()
 
 Workers are started once (`python -c` running poise.rewards.worker in a fresh scratch directory,
-with a scrubbed environment, in a session of their own) and confine themselves before they import
-the reward functions (poise.rewards.confine says what holds with and without root). User code is
-imported only there, never in the driver. Each submitted batch is cut into chunks; one driver
-thread per worker sends a chunk and reads one JSON line per call. Each call has its own wall-clock
-deadline (`timeout_s` after the previous call's answer): past it, or when the worker dies (CPU
-limit, a crash), the worker's process group and PID namespace are killed, the call gets a failed
+with a scrubbed environment, in a session of their own) and confine themselves before any user
+code runs (poise.rewards.confine says what holds with and without root). User code runs only in
+the workers' call processes, never in the driver nor in the worker process that talks to the
+pool (poise.rewards.worker). Each submitted batch is cut into chunks; one driver thread per
+worker sends a chunk and reads one JSON line per call, tagged with the call's id. Each call has
+its own wall-clock deadline (`timeout_s` after the previous call's answer): past it, or when the
+worker dies, the worker's process group and PID namespace are killed, the call gets a failed
 Outcome, a fresh worker starts and the rest of the chunk goes on there. A bad answer (not one
-finite number) is a failed Outcome too. The pool itself never raises on a reward's behaviour.
+finite number) is a failed Outcome too; a line that is not the answer to the call awaited (another
+id, not JSON) fails the call and replaces the worker. The pool itself never raises on a reward's
+behaviour.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -52,6 +56,7 @@ class SandboxLimits:
     memory_mb: int = 2048
     cpu_s: float = 10.0
     workers: int = 2
+    per_child: int = CHUNK  # calls per fresh call process: CHUNK (reward.isolation batch) or 1 (call)
 
 
 class Call(NamedTuple):
@@ -93,11 +98,13 @@ class Batch:
         return list(self._outcomes)  # type: ignore[arg-type]
 
 
-def _checked(message: Any) -> Outcome:
-    """A worker's answer to one call, checked on the driver's side (the worker may be hostile)."""
-    if not isinstance(message, list) or len(message) != 2 or message[0] not in ("ok", "err"):
-        return Outcome(None, "malformed answer from the reward worker")
-    kind, payload = message
+def _checked(message: Any, call_id: int) -> Outcome | None:
+    """A worker's answer to call `call_id`, checked on the driver's side; None when it is not one
+    (a line for another call, malformed): the worker is broken and gets replaced."""
+    if not isinstance(message, list) or len(message) != 3 or type(message[0]) is not int or message[0] != call_id \
+            or message[1] not in ("ok", "err"):
+        return None
+    _, kind, payload = message
     if kind == "err":
         return Outcome(None, str(payload)[:300])
     if isinstance(payload, bool) or not isinstance(payload, (int, float)):
@@ -140,7 +147,8 @@ class _Worker:
                                      start_new_session=True)
         self.buf, self.lines = b"", []
         self.send({"functions": [asdict(s) for s in self.pool.specs], "reads": self.pool.reads, "uid": uid,
-                   "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s})
+                   "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s,
+                   "per_child": self.pool.limits.per_child})
 
     def wait_ready(self) -> None:
         """The worker's `ready` (its confinement) or a PoiseError naming the function it cannot load."""
@@ -189,7 +197,7 @@ class _Worker:
         try:
             return json.loads(line)
         except ValueError:
-            return ["err", "malformed answer from the reward worker"]
+            return line  # bytes: never a valid answer, the worker gets replaced
 
     def exit_reason(self) -> str:
         """Why the worker died, from its exit status (its PID 1's, passed on)."""
@@ -239,6 +247,7 @@ class SandboxPool:
         poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
         self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._ids = itertools.count()  # every call's own id: an answer must carry the id of its call
         self._workers = [_Worker(self, slot) for slot in range(limits.workers)]
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # no leaked processes, even unclosed
         try:
@@ -308,14 +317,15 @@ class SandboxPool:
                 w.kill()
                 batch._set(offset + i, Outcome(None, f"the reward worker could not restart: {e}"))
                 return i + 1
-        try:
-            w.send([tuple(c) for c in calls[i:]])  # plain tuples: unpickling a Call would import this module there
+        ids = [next(self._ids) for _ in calls[i:]]
+        try:  # plain tuples: unpickling a Call would import this module there
+            w.send([(call_id, *c) for call_id, c in zip(ids, calls[i:])])
         except OSError:  # died while idle: start a fresh one and send again
             w.kill()
             self.restarts += 1
             return i
         deadline = time.monotonic() + self.limits.timeout_s
-        while i < len(calls):
+        for call_id in ids:
             try:
                 message = w.read(deadline)
             except EOFError:
@@ -329,7 +339,13 @@ class SandboxPool:
                 self.restarts += 1
                 batch._set(offset + i, Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
                 return i + 1
-            batch._set(offset + i, _checked(message))
+            outcome = _checked(message, call_id)
+            if outcome is None:  # any unexpected byte: this worker is done
+                w.kill()
+                self.restarts += 1
+                batch._set(offset + i, Outcome(None, "unexpected answer from the reward worker; it was replaced"))
+                return i + 1
+            batch._set(offset + i, outcome)
             i += 1
             deadline = time.monotonic() + self.limits.timeout_s
         return i
