@@ -21,12 +21,13 @@ behaviour.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
 import pickle
 import queue
+import re
+import secrets
 import select
 import shutil
 import signal
@@ -246,8 +247,11 @@ class SandboxPool:
         self.specs, self.limits = tuple(specs), limits
         poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
         self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
+        remove_stale_scratch()
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._ids = itertools.count()  # every call's own id: an answer must carry the id of its call
+        # every call's own id, drawn at random so a reward cannot guess another call's (it can
+        # still read the ids of its own call process's calls from memory: reward.isolation)
+        self._ids = iter(lambda: secrets.randbits(53), None)
         self._workers = [_Worker(self, slot) for slot in range(limits.workers)]
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # no leaked processes, even unclosed
         try:
@@ -370,9 +374,40 @@ def _wait_until_gone(scratch: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+SCRATCH = re.compile(r"poise-reward-(\d+)-\w+")  # tempfile.mkdtemp's name: the driver's pid first
+
+
+def remove_stale_scratch(root: str | None = None) -> list[str]:
+    """Remove the scratch directories of drivers that died without closing their pool (SIGKILLed:
+    their workers kill themselves, but what they wrote stays); returns those removed. A directory
+    whose driver's pid is alive (or taken again) is left alone, as is one we do not own."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = SCRATCH.fullmatch(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False):
+                continue
+            owner = entry.stat(follow_symlinks=False).st_uid
+            if owner != os.geteuid() and not (os.geteuid() == 0 and owner >= UID_BASE):
+                continue
+            os.kill(int(match.group(1)), 0)
+            continue  # alive
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        except OSError:
+            continue
+    return removed
+
+
 def _kill_all(workers: list[_Worker]) -> None:
     for w in workers:
         w.kill()
 
 
-__all__ = ["SandboxPool", "SandboxLimits", "Call", "Outcome", "Batch"]
+__all__ = ["SandboxPool", "SandboxLimits", "Call", "Outcome", "Batch", "remove_stale_scratch"]

@@ -164,15 +164,25 @@ def _watch(child: int, driver: int) -> None:
         confine.die_with_parent()
         watched = None
     if os.getppid() != driver:  # the driver died before we watched it
-        os.killpg(0, signal.SIGKILL)
+        _driver_died(child)
     while True:
         if watched is not None:
             ready, _, _ = select.select(watched, [], [])
             if watched[1] in ready and watched[0] not in ready:
-                os.killpg(0, signal.SIGKILL)
+                _driver_died(child)
         pid, status = os.waitpid(child, 0 if watched is None else os.WNOHANG)
         if pid == child:
             os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+
+
+def _driver_died(child: int) -> None:
+    """The driver is gone and will never close us: end PID 1 (the namespace goes with it), remove
+    the scratch directory (our cwd; what a process still dying writes there is removed by the next
+    pool's start), and kill the rest of our process group, ourselves last."""
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    shutil.rmtree(os.getcwd(), ignore_errors=True)
+    os.killpg(0, signal.SIGKILL)
 
 
 def _pass_on_exit(watched: int) -> None:
