@@ -136,6 +136,9 @@ def lost_or_raise(rt, error: BaseException, devices: list[int], what: str) -> Ba
         dead = sorted(set(dead) | set(devices))
     if dead:
         return WorkerLost(dead, what)
+    cause = getattr(error, "cause", None)
+    if isinstance(error, RayTaskError) and isinstance(cause, PoiseError):  # its one line, not Ray's traceback
+        return cause
     return error
 
 
@@ -207,6 +210,13 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     except WorkerLost as e:
         raise RunFailure(unrecoverable(rt, dead + e.devices, step, run_dir, "a survivor died while it was saved")
                          ) from None
+    from poise.train.checkpoint import verify_checkpoint  # torch: driver only
+
+    for d, path in paths.items():  # by content (sha256, finite weights) before every device loads it
+        problem = verify_checkpoint(Path(path))
+        if problem is not None:
+            raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"the replica device {d} saved does not verify "
+                                                                    f"({problem})"))
     split, rollout_ranks = rt.split, set(rt.rollout_ranks)
     stop_workers(rt.workers, PROBE_S)
     rt.start(split, rt.transitions)
