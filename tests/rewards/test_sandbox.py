@@ -330,6 +330,7 @@ def test_every_layer_the_kernel_offers_holds(make_scorer):
         assert c["network"] == "namespace" and c["pid_namespace"], c["notes"]
     if os.geteuid() == 0:
         assert c["uid"] >= UID_BASE and c["nproc_limit"] > 0, c["notes"]
+        assert c["scratch"] == "tmpfs"  # size-limited: test_a_disk_filler_stops_at_the_scratch_limit
     if sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64"):
         assert c["unix_sockets"] == "blocked", c["notes"]
     assert c["notes"] == [] or not namespaces or _landlock_abi() < 1, c["notes"]

@@ -321,3 +321,22 @@ def test_start_up_removes_the_scratch_of_dead_drivers_only(tmp_path):
     other.mkdir()
     assert remove_stale_scratch(str(tmp_path)) == [stale]
     assert os.path.isdir(live) and other.is_dir() and not os.path.exists(stale)
+
+
+def test_a_disk_filler_stops_at_the_scratch_limit_and_leaves_nothing(make_scorer, reward_file):
+    scorer = _scorer(make_scorer, reward_file, '''
+import os
+
+def hostile(prompts, completions, **kwargs):
+    if os.listdir("."):
+        raise RuntimeError(f"FOUND {os.listdir('.')}")  # what an earlier call wrote is gone
+    block = b"x" * (32 << 20)
+    for i in range(12):  # 384 MiB in files of 32 MiB (each under RLIMIT_FSIZE): 3x the scratch
+        with open(f"fill-{i}", "wb") as f:
+            f.write(block)
+    return [1.0 for _ in completions]
+''', memory_mb=128, timeout_s=30)
+    if scorer.pool.confinement["scratch"] != "tmpfs":
+        pytest.skip("the scratch directory is a size-limited tmpfs only as root; per file (RLIMIT_FSIZE) here")
+    reasons = _honest(scorer, n=2)
+    assert all("No space left on device" in r for r in reasons), reasons

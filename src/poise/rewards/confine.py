@@ -170,6 +170,12 @@ def die_with_parent() -> None:
             os._exit(1)
 
 
+def unmount(path: str) -> None:
+    """Detach the mount on `path`, if any (lazily; errors ignored)."""
+    if LINUX:
+        _libc.umount2(path.encode(), 2)  # MNT_DETACH
+
+
 def adopt_orphans() -> None:
     """Become a child subreaper: orphans of the processes we start are re-parented to us."""
     if not LINUX:

@@ -21,6 +21,7 @@ behaviour.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -133,6 +134,7 @@ class _Worker:
         self.buf = b""
         self.lines: list[bytes] = []
         self.confinement: dict | None = None
+        self.scratch_tmpfs = False
 
     def start(self) -> None:
         """Start the process and send its set-up; `wait_ready` reads the answer."""
@@ -141,6 +143,8 @@ class _Worker:
         if os.geteuid() == 0:
             uid = UID_BASE + (os.getpid() % 100_000) * 64 + self.slot % 64
             os.chown(self.scratch, uid, uid)
+            # a tmpfs of reward.memory_mb: one call cannot fill the disk under the run's checkpoints
+            self.scratch_tmpfs = mount_tmpfs(self.scratch, self.pool.limits.memory_mb, uid)
         poise_parent = os.path.dirname(os.path.dirname(os.path.abspath(poise.__file__)))
         boot = f"import sys; sys.path.insert(0, {poise_parent!r}); from poise.rewards.worker import main; main()"
         self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -158,7 +162,7 @@ class _Worker:
         except EOFError:
             message = None
         if isinstance(message, list) and message and message[0] == "ready" and isinstance(message[1], dict):
-            self.confinement = message[1]
+            self.confinement = {**message[1], "scratch": "tmpfs" if self.scratch_tmpfs else "disk"}
             return
         self.kill()
         if isinstance(message, list) and len(message) == 3 and message[0] == "error" and \
@@ -236,6 +240,8 @@ class _Worker:
             self.proc = None
         if self.scratch is not None:
             _wait_until_gone(str(self.scratch), timeout_s=5.0)
+            if self.scratch_tmpfs:
+                unmount(self.scratch)
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
@@ -374,6 +380,24 @@ def _wait_until_gone(scratch: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+
+
+def mount_tmpfs(path: str, size_mb: int, uid: int) -> bool:
+    """Mount a tmpfs of `size_mb` MiB, owned by `uid`, on `path` (root only); False if refused."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return False
+    options = f"size={size_mb}m,mode=0700,uid={uid},gid={uid}".encode()
+    return _libc.mount(b"tmpfs", path.encode(), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV), options) == 0
+
+
+def unmount(path: str) -> None:
+    """Detach a scratch tmpfs (lazily: a process still dying there does not hold it up)."""
+    if sys.platform.startswith("linux"):
+        _libc.umount2(path.encode(), MNT_DETACH)
+
+
 SCRATCH = re.compile(r"poise-reward-(\d+)-\w+")  # tempfile.mkdtemp's name: the driver's pid first
 
 
@@ -398,6 +422,7 @@ def remove_stale_scratch(root: str | None = None) -> list[str]:
             os.kill(int(match.group(1)), 0)
             continue  # alive
         except ProcessLookupError:
+            unmount(entry.path)  # its tmpfs, if it had one (root)
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)
         except OSError:

@@ -179,9 +179,11 @@ def _driver_died(child: int) -> None:
     """The driver is gone and will never close us: end PID 1 (the namespace goes with it), remove
     the scratch directory (our cwd; what a process still dying writes there is removed by the next
     pool's start), and kill the rest of our process group, ourselves last."""
+    scratch = os.getcwd()
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
-    shutil.rmtree(os.getcwd(), ignore_errors=True)
+    confine.unmount(scratch)  # the driver's tmpfs on it, if any (root)
+    shutil.rmtree(scratch, ignore_errors=True)
     os.killpg(0, signal.SIGKILL)
 
 
@@ -240,6 +242,7 @@ class _Server:
             finally:
                 if os.getpid() != me:  # a process the reward forked came back here: it ends now
                     os._exit(0)
+            _wipe(self.scratch)  # the next call of this batch finds it empty (the server wipes it again)
             write_message(out, message)
         os._exit(0)
 
