@@ -86,6 +86,23 @@ def test_forged_answer_lines_on_every_fd_fail_only_their_own_call(make_scorer, r
     assert all("unexpected bytes" in r for r in reasons), reasons
 
 
+def test_a_nesting_bomb_on_the_result_pipe_fails_only_its_call_and_keeps_the_worker(make_scorer, reward_file):
+    scorer = _scorer(make_scorer, reward_file, '''
+import os
+
+def hostile(prompts, completions, **kwargs):
+    for fd in range(3, 256):  # 4 KiB of "[": what json.loads recurses into until RecursionError
+        try:
+            os.write(fd, b"[" * 4000 + b"\\n")
+        except OSError:
+            pass
+    return [1.0 for _ in completions]
+''')
+    reasons = _honest(scorer)
+    assert all("unexpected bytes" in r for r in reasons), reasons
+    assert scorer.pool.restarts == 0  # the worker's server parsed it as a bad line, and went on
+
+
 FORGE_FROM_MEMORY = '''
 import gc, json, os, sys
 

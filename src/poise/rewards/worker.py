@@ -358,7 +358,7 @@ def _parse(line: bytes, call_id: int | None) -> list | None:
     call process of ours does not write."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: 4 KiB of "[[[[" would end the server
         return None
     if not isinstance(message, list):
         return None
