@@ -201,7 +201,7 @@ class _Worker:
         line = self.lines.pop(0)
         try:
             return json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return line  # bytes: never a valid answer, the worker gets replaced
 
     def exit_reason(self) -> str:
