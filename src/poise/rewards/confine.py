@@ -10,7 +10,10 @@ privileges refuse is skipped, never fatal. What holds where:
 | processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
 | fork bombs | the worker drops to a uid of its own (keeping only CAP_DAC_READ_SEARCH, to read the interpreter under /root) so RLIMIT_NPROC applies: root ignores it | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
 | files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
-| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0 | the same |
+| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process, not per worker (no cgroup) | the same |
+| unix sockets | seccomp: socket(AF_UNIX) and io_uring refused, so no socket file (ssh-agent, Ray's raylet, D-Bus) is reachable | the same |
+| scratch | a tmpfs of memory_mb mounted by the pool (poise.rewards.sandbox), emptied after every call | on the disk, RLIMIT_FSIZE per file |
+| the result channel | the server holds the pool's pipes; each call process (nested Landlock domain, no capabilities, not dumpable) has only a pipe of its own (poise.rewards.worker) | the same |
 
 Without Landlock (kernels before 5.13, or LSM disabled) the files row falls back to: the working
 directory and HOME are the scratch directory and the run directory's path is never passed, but a
