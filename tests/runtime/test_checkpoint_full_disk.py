@@ -28,7 +28,8 @@ def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, war
     disk = tmp_path / "disk"
     disk.mkdir()
     size = used + one // 2 + (256 << 10)  # the run's files and one checkpoint fit; a second does not
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode == 0
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mount refused a tmpfs here; tests/train/test_checkpoint_verified.py injects ENOSPC")
     try:
         run_dir = disk / "run"
         with pytest.raises(PoiseError) as err:
