@@ -90,10 +90,11 @@ def save_failed(run_dir: str | Path, step: int, error: OSError) -> CheckpointSav
     intact = next((p.name for p in _step_dirs(root) if verify_checkpoint(p) is None), None)
     what = "disk full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else \
         f"{error.strerror or type(error).__name__}{f' ({error.filename})' if error.filename else ''}"
+    fix = "free space" if what == "disk full" else "fix that"
     if intact is None:
-        return CheckpointSaveError(f"{what} while saving step {step}; no earlier checkpoint is saved; free space and "
-                                   f"start the run again")
-    return CheckpointSaveError(f"{what} while saving step {step}; step {int(intact[5:])} is intact; free space and "
+        return CheckpointSaveError(f"{what} while saving step {step}; no earlier checkpoint is saved; {fix} and start "
+                                   "the run again")
+    return CheckpointSaveError(f"{what} while saving step {step}; step {int(intact[5:])} is intact; {fix} and "
                                f"--resume {run_dir}")
 
 
