@@ -336,6 +336,9 @@ class RewardConfig:
     workers: int = help_field(2, "sandboxed reward worker processes, started once per run")
     memory_mb: int = help_field(2048, "address-space limit (RLIMIT_AS) of each reward worker, in MiB")
     cpu_s: float = help_field(10.0, "CPU seconds (RLIMIT_CPU) one function may use on one sample")
+    isolation: str = help_field("batch", "what one fresh process of a reward worker runs: `batch` (up to 64 calls of "
+                                         "one submitted batch; a reward cannot touch another batch's results) or "
+                                         "`call` (one sample: nor another sample's; ~1 ms more a call)")
 
     def __post_init__(self) -> None:
         entries = []
@@ -354,6 +357,7 @@ class RewardConfig:
         check(self.workers >= 1, "workers", self.workers, "must be >= 1")
         check(self.memory_mb >= 64, "memory_mb", self.memory_mb, "must be >= 64 (a Python worker needs ~30 MiB)")
         check(self.cpu_s > 0, "cpu_s", self.cpu_s, "must be > 0, e.g. 10")
+        check(self.isolation in ("batch", "call"), "isolation", self.isolation, "must be batch or call")
 
     @property
     def resolved(self) -> tuple[RewardFunctionConfig, ...]:

@@ -44,8 +44,8 @@ from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump
-from poise.train.checkpoint import (PENDING_SAMPLES, decode_samples, encode_samples, latest_checkpoint,
-                                    prune_checkpoints)
+from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, decode_samples, encode_samples,
+                                    latest_checkpoint, prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
@@ -225,6 +225,7 @@ class Driver:
                 scored, stats, micro, updates, t_gen, t_train, sync_s = self.survive(
                     log, step, "step", lambda: self.train_step(log, step, problems))
                 t_end = self.now()
+                check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)

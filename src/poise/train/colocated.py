@@ -22,7 +22,8 @@ from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, rewar
 from poise.rundir import prepare_run_dir, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump
-from poise.train.checkpoint import TrainState, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from poise.train.checkpoint import (TrainState, check_finite, latest_checkpoint, load_checkpoint, prune_checkpoints,
+                                   save_checkpoint)
 from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
 from poise.train.setup import make_model, pin_threads, run_device
@@ -95,6 +96,7 @@ class ColocatedLoop:
         advantages = self.advantages(rewards, step, len(problems))
         t_score = self.now()
         stats = self.train(samples, advantages)
+        check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
         t_end = self.now()
         metrics = step_metrics(step, samples, rewards, problems, stats,
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})
