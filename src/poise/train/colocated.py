@@ -82,6 +82,8 @@ class ColocatedLoop:
 
     def train(self, samples, advantages: dict[SampleId, float]) -> dict:
         stats = self.trainer.train_step(samples, advantages)
+        if self.device.type == "cuda":  # the step's kernels are queued, not done: train_s times them
+            torch.cuda.synchronize(self.device)
         self.state = TrainState(self.state.step + 1, self.state.weights_version + 1)
         return stats
 
