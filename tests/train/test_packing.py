@@ -101,6 +101,32 @@ def test_one_decoder_forward_per_micro_batch_and_one_more_for_the_reference():
     assert calls == {"policy": 2, "ref": 1}
 
 
+def test_a_reference_built_on_demand_exists_only_while_the_device_trains():
+    """The runtime passes a function: the reference is built at the first micro-batch that needs
+    it (a rollout device never builds one), freed when the device leaves the trainer, and gives
+    the same gradient as a reference passed built."""
+    samples = _samples()
+    built = []
+
+    def factory():
+        built.append(_model().requires_grad_(False).eval())
+        return built[-1]
+
+    model = _model()
+    lazy = PolicyTrainer(model, AlgorithmConfig(kl_coef=0.1), 0, factory)
+    assert built == []
+    got = lazy.micro_batch_grad(0, samples, torch.ones(len(samples)))
+    lazy.micro_batch_grad(1, samples, torch.ones(len(samples)))
+    assert len(built) == 1
+    want = PolicyTrainer(model, AlgorithmConfig(kl_coef=0.1), 0, _model().requires_grad_(False).eval()
+                         ).micro_batch_grad(0, samples, torch.ones(len(samples)))
+    assert torch.equal(got.flat_grad, want.flat_grad)
+    lazy.release_reference()
+    assert lazy._ref is None
+    lazy.micro_batch_grad(2, samples, torch.ones(len(samples)))
+    assert len(built) == 2
+
+
 def test_packing_is_bitwise_repeatable_and_a_function_of_the_micro_batch_only(monkeypatch):
     """Same micro-batch, same bits; the rows come from pack_rows (lengths in sample-id order)."""
     model, samples = _model(), _samples(2)

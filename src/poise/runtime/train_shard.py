@@ -215,9 +215,11 @@ class TorchTrainShard:
         return self._staging.report if self._staging is not None else {}
 
     def drop_optimizer(self) -> None:
-        """Leaving the trainer: free the optimizer state (a peer re-sends it if this device returns)."""
+        """Leaving the trainer: free the optimizer state (a peer re-sends it if this device returns)
+        and the reference model (rebuilt if it trains again)."""
         self.wait_staging()
         self.trainer.optimizer.state.clear()
+        self.trainer.release_reference()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None) -> str:
         """Write this replica's weights, optimizer and RNG (the colocated loop's format)."""

@@ -342,8 +342,9 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
         bitwise_cuda(device, model.config.model_type)
     ref = None
-    if spec.algorithm.kl_coef > 0:
-        ref = _initial_policy(spec, tokenizer).to(device).requires_grad_(False).eval()
+    if spec.algorithm.kl_coef > 0:  # built at this device's first micro-batch: a rollout device holds none
+        def ref():
+            return _initial_policy(spec, tokenizer).to(device).requires_grad_(False).eval()
     trainer = PolicyTrainer(model, spec.algorithm, tokenizer.pad_id, ref)
     engine = Engine(model, spec.rollout, spec.algorithm.sampling, spec.seed, tokenizer.eos_id, clock=time.time)
 

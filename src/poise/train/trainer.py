@@ -17,7 +17,7 @@ predicted. No padding between sequences, no per-sample tensor work, one forward 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -152,11 +152,15 @@ class PolicyTrainer:
     """
 
     def __init__(self, model: torch.nn.Module, cfg: AlgorithmConfig, pad_id: int,
-                 ref_model: torch.nn.Module | None = None):
+                 ref_model: torch.nn.Module | Callable[[], torch.nn.Module] | None = None):
+        """`ref_model`: the frozen reference (kl_coef > 0), or a function that builds it at the first
+        micro-batch that needs it: a device that never trains never holds one."""
         self.model = model
         self.cfg = cfg
         self.pad_id = pad_id
-        self.ref_model = ref_model
+        built = isinstance(ref_model, torch.nn.Module)
+        self._ref = ref_model if built else None
+        self._ref_factory = None if built else ref_model
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         if cfg.gradient_checkpointing:
@@ -176,6 +180,18 @@ class PolicyTrainer:
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            foreach=False)
+
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        if self._ref is None and self._ref_factory is not None:
+            self._ref = self._ref_factory()
+        return self._ref
+
+    def release_reference(self) -> None:
+        """Free a reference model built on demand (a device leaving the trainer); the next
+        micro-batch that needs it builds it again."""
+        if self._ref_factory is not None:
+            self._ref = None
 
     def micro_batch_grad(self, index: int, samples: Sequence[SampleLike],
                          advantages: torch.Tensor) -> MicroBatchResult:
