@@ -7,6 +7,8 @@ import torch
 
 from poise.model.loading import TinyModelConfig, build_tiny, load_model, save_model
 
+from sharpened import sharpen
+
 VOCAB = 60  # the char tokenizer's size
 SMALL = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, max_positions=96)
 
@@ -19,15 +21,6 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-def sharpen(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Re-draw the weights with std 0.2 (HF's default 0.02 leaves attention nearly uniform, so
-    greedy tokens would barely depend on positions or keys and a broken rotary could pass)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
 
 
 @pytest.fixture(scope="session")

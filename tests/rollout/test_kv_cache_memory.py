@@ -19,20 +19,14 @@ from poise.rollout.engine import Engine
 from poise.rollout.sampling import SamplingConfig
 from poise.types import Request
 
+from sharpened import sharpen
+
 VOCAB = 60
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=10)
 WIDE = TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=4, intermediate_size=64,
                        max_positions=512)
 
 
-def sharpen(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Weights of std 0.2, so tokens depend on the keys attended (HF's 0.02 leaves attention flat)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return model
 
 
 def _requests(n: int) -> list[Request]:
