@@ -36,10 +36,15 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
                          "run.tensorboard=false")
+    if cfg.cluster.compute == "real" and cfg.pipeline.mode != "colocated":
+        from poise.train.setup import check_device
+
+        check_device(cfg.cluster)  # the GPUs and NCCL exist, before Ray starts
     if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
         from poise.data.prompts import check_prompts
 
-        # a bad dataset row or a prompt too long for the context stops here, before the run directory
+        # a bad dataset row, a prompt too long for the context or a tokenizer larger than the
+        # model's vocabulary stops here, before the run directory
         check_prompts(cfg.data, cfg.model, cfg.run.seed, cfg.rollout.max_context,
                       cfg.algorithm.sampling.max_new_tokens)
         from poise.rewards.scorer import check_rewards

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from poise.config import TrainConfig
+from poise.config import ClusterConfig, TrainConfig
+from poise.errors import PoiseError
 from poise.data.tokenizer import Tokenizer
 from poise.model.loading import build_tiny, load_model
 from poise.train.sft import run_sft
@@ -39,6 +40,27 @@ def _deterministic_algorithms() -> None:
     fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
     if fill is not None:
         fill(False)
+
+
+def check_device(cluster: ClusterConfig) -> None:
+    """`cluster.device: cuda` on this machine: a CUDA build of torch that sees the GPUs and has
+    NCCL (the train group's backend), checked before Ray starts; otherwise every device actor
+    fails minutes later with a Ray traceback. A joined cluster's GPUs are on its nodes, not
+    necessarily here: that case is left to the actors."""
+    if cluster.device != "cuda" or cluster.address:
+        return
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise PoiseError(f"cluster.device=cuda but no CUDA device is usable here ({build}); install a CUDA build "
+                         "of torch on a machine with GPUs, or set cluster.device=cpu")
+    if not dist.is_available() or not dist.is_nccl_available():
+        raise PoiseError(f"cluster.device=cuda but torch {torch.__version__} has no NCCL built in (the train "
+                         "group's backend); install a CUDA build of torch with NCCL, or set cluster.device=cpu")
+    if torch.cuda.device_count() < cluster.devices + cluster.reserve_devices:
+        raise PoiseError(f"cluster.devices={cluster.devices} (+ reserve_devices={cluster.reserve_devices}) but this "
+                         f"machine has {torch.cuda.device_count()} CUDA devices; lower cluster.devices")
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:
