@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
+from poise import interrupt
 from poise.errors import PoiseError
 
 
@@ -51,14 +53,20 @@ def run(args: argparse.Namespace) -> int:
 
         check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
 
-    if cfg.pipeline.mode == "colocated":
-        from poise.train.colocated import train_colocated
+    interrupt.install(Path(cfg.run.dir))  # Ctrl-C / SIGTERM: see poise.interrupt
+    try:
+        if cfg.pipeline.mode == "colocated":
+            from poise.train.colocated import train_colocated
 
-        rows = train_colocated(cfg, resume=bool(args.resume))
-    else:
-        from poise.runtime.driver import train_disaggregated
+            rows = train_colocated(cfg, resume=bool(args.resume))
+        else:
+            from poise.runtime.driver import train_disaggregated
 
-        rows = train_disaggregated(cfg, resume=bool(args.resume))
+            rows = train_disaggregated(cfg, resume=bool(args.resume))
+    except interrupt.Stopped as e:
+        print(f"poise: {signal.Signals(e.signum).name}: stopped after {e.steps_done} steps, checkpoint "
+              f"{e.checkpoint.name} written; resume with: poise train --resume {cfg.run.dir}", file=sys.stderr)
+        return 128 + e.signum
     if rows:
         first = rows[: min(5, len(rows))]
         last = rows[-min(5, len(rows)):]
