@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from poise.train.progress import LINE_EVERY_S
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 STEPS = 40  # far more than the test waits for: a stop is never the run's natural end
@@ -65,6 +67,12 @@ def _left_running(pgid: int) -> str:
     return subprocess.run(["ps", "-o", "pid,pgid,args", "-g", str(pgid)], capture_output=True, text=True).stdout
 
 
+def _only_poise_lines(err: str) -> None:
+    """The console without a TTY: Poise's own lines and its progress lines, nothing of Ray's."""
+    for line in err.splitlines():
+        assert line.startswith(("poise: ", "train ")), f"not Poise's: {line!r}\n{err[-3000:]}"
+
+
 def _latest(run_dir: Path) -> int:
     return int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
 
@@ -86,10 +94,19 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes(tmp_path):
     assert command, err[-2000:]
     assert command.group(1) == f"poise train --resume {run_dir}"
 
+    _only_poise_lines(err)
+    assert "Token authentication is enabled" in (run_dir / "ray.log").read_text()  # kept on, said in the log
+
     argv = shlex.split(command.group(1))
-    resumed = subprocess.run([sys.executable, "-m", "poise", *argv[1:], "run.progress=false"], capture_output=True,
+    start = time.monotonic()
+    resumed = subprocess.run([sys.executable, "-m", "poise", *argv[1:], "run.progress=true"], capture_output=True,
                              text=True, timeout=600)
+    took = time.monotonic() - start
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _only_poise_lines(resumed.stderr)
+    progress = [line for line in resumed.stderr.splitlines() if line.startswith("train ")]
+    assert len(progress) <= took / LINE_EVERY_S, (took, progress)  # no TTY: a line per 10 s at most
+    assert all(re.search(r"steps/s  eta \d+:\d\d$", line) for line in progress), progress
     assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == list(range(STEPS))  # each step once, none lost

@@ -72,7 +72,7 @@ class Runtime:
                  emulation=None, run_dir: Path | None = None):
         self.cfg = cfg
         c, algo = cfg.cluster, cfg.algorithm
-        connect(c)
+        connect(c, run_dir / "ray.log" if run_dir is not None else None)  # Ray's start-up lines: not the console
         # checkpoints in the driver's run.dir, through the driver for a node that does not see it;
         # an emulated device writes no files
         self.store = CheckpointStore(run_dir or Path(cfg.run.dir), "shared" if emulation is not None else c.storage,
