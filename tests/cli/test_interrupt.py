@@ -122,6 +122,15 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes(tmp_path):
     later = [e for e in events if isinstance(e.get("step"), int) and e["step"] >= saved and e["kind"] == "interval"]
     assert later and min(e["start"] for e in later) >= first_end
 
+    # and the report draws each step once, in order, on that clock
+    from poise.report import draw_report
+    from poise.report.timeline import timeline_data
+
+    page = draw_report(run_dir)["html"].read_text()
+    assert f"<td>{STEPS} (0-{STEPS - 1})</td>" in page
+    drawn = timeline_data(events)["intervals"]
+    assert max(iv[2] for iv in drawn if iv[4] < saved) <= min(iv[1] for iv in drawn if iv[4] >= saved)
+
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
     from poise.train.checkpoint import verify_checkpoint
