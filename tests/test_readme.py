@@ -114,3 +114,32 @@ def test_every_shell_command_parses_and_its_config_loads(monkeypatch):
 
             load_scenario(args.scenario, args.overrides)
     assert {"train", "sft", "simulate", "profile", "report"} <= seen
+
+
+def test_no_issue_numbers_in_the_user_documents():
+    """A user reads README, BENCHMARKS and RELIABILITY without our tracker: "issue 13's target" means
+    nothing to them."""
+    for name in ("README.md", "BENCHMARKS.md", "RELIABILITY.md"):
+        found = re.findall(r".{0,30}\bissues? \d+.{0,20}", (ROOT / name).read_text(), flags=re.I)
+        assert not found, (name, found)
+
+
+def test_benchmarks_opens_with_one_table_of_current_figures():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    head = text.split("\n## ", 1)[0].split("\n# History", 1)[0]  # before the first section
+    rows = [line for line in head.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    assert rows[0].startswith("| what | current figure | command | measured |")
+    assert len(rows) >= 10
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 4 and "`" in cells[2], row  # its command
+        assert re.search(r"20\d\d-\d\d-\d\d", cells[3]), row  # its date
+    assert head.count("| what |") == 1  # one table
+    for image in re.findall(r"\]\((docs/[^)]+)\)", head):
+        assert (ROOT / image).is_file(), image
+
+
+def test_readme_states_the_scope_of_the_bitwise_promise():
+    text = " ".join(README.split())
+    for words in ("same device type", "threads per device", "library versions"):
+        assert words in text, words
