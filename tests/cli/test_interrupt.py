@@ -161,3 +161,21 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert "stopping at once" in err
     assert time.monotonic() - start < 30  # the actors are killed, not waited for
     assert _group_gone(proc.pid), _left_running(proc.pid)
+
+
+def test_ctrl_c_in_the_colocated_loop_checkpoints_and_resumes(tmp_path):
+    """The same contract without Ray: one process, the reference loop."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "pipeline.mode=colocated")
+    done = _wait_for_rows(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    saved = _latest(run_dir)
+    assert done + 1 <= saved <= done + 2 < STEPS, (done, saved)
+    assert f"resume with: poise train --resume {run_dir}" in err
+    resumed = subprocess.run([sys.executable, "-m", "poise", "train", "--resume", str(run_dir), "run.steps=12"],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
+    assert [r["step"] for r in _rows(run_dir)] == list(range(12))
