@@ -163,6 +163,9 @@ class AlgorithmConfig:
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
+    gradient_checkpointing: bool = help_field(False, "recompute each decoder layer's activations in the backward "
+                                                     "pass instead of keeping them (less memory, ~1/3 more "
+                                                     "compute; the same bits)")
     sampling: SamplingConfig = help_factory(SamplingConfig, "rollout sampling")
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ training, not the same untouched initial weights.
 """
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,42 @@ def test_bitwise_threads_set_deterministic_algorithms_without_the_compiler():
             " 'torch._inductor' in sys.modules, torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "True", "False", "1"], out
+
+
+def test_gradient_checkpointing_changes_no_bit(tmp_path, reference, warm_start, read_run):
+    """algorithm.gradient_checkpointing ends a run on the reference's bytes."""
+    train_colocated(_cfg(tmp_path / "gc", warm_start, f"run.steps={STEPS}", "run.checkpoint_every=1",
+                         "algorithm.gradient_checkpointing=true"))
+    got = read_run(tmp_path / "gc")
+    got.assert_learned(warm_start)
+    got.assert_bitwise_equal(reference, "gradient checkpointing vs without")
+    assert _digest(got.checkpoint(STEPS)) == _digest(reference.checkpoint(STEPS))
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_for_the_same_gradient(warm_start):
+    """It is on (the forward keeps fewer bytes for the backward pass) and the gradient is the same."""
+    import torch
+
+    from poise.model.loading import load_model
+    from poise.train.trainer import PolicyTrainer
+    from poise.types import Sample
+
+    cfg = _cfg("unused", warm_start)
+    samples = [Sample((0, 0, j), tuple(range(3, 13)), tuple(range(20, 20 + 8 + j)), tuple([-1.5] * (8 + j)), "stop", 0, 0.0, 0.0, 16)
+               for j in range(4)]
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    grads, kept = {}, {}
+    for on in (False, True):
+        model = load_model(warm_start.path)
+        trainer = PolicyTrainer(model, replace(cfg.algorithm, gradient_checkpointing=on), 0)
+        saved = []
+
+        def pack(t):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            result = trainer.micro_batch_grad(0, samples, advantages)
+        grads[on], kept[on] = result.grads, sum(saved)
+    assert kept[True] < 0.8 * kept[False], kept
+    assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))

@@ -1,4 +1,4 @@
-"""`poise` command line: train | sft | simulate | plan | sweep | report | profile.
+"""`poise` command line: train | sft | simulate | plan | sweep | report | profile | export.
 
 Each subcommand lives in its own module with `add_parser(subparsers)` and `run(args) -> int`;
 modules are imported only when their subcommand runs, so `poise simulate` never imports torch.
@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "sweep": ("poise.cli.sweep", "sweep controller parameters over a scenario"),
     "report": ("poise.cli.report", "draw a run directory's timeline and step times"),
     "profile": ("poise.cli.profile", "measure the rollout engine's cost model as JSON"),
+    "export": ("poise.cli.export", "write a run's checkpoint as an HF model directory"),
 }
 
 

@@ -1,10 +1,14 @@
 """The real device roles: a torch train shard with the fixed-order reduction, and the bucketed
 weight broadcast over cached communicators. Imported only by a worker with real compute.
 
-A train shard computes the gradient of each canonical micro-batch it is given, keeps the aligned
-tree nodes of its contiguous range (train/reduce.py), gathers every train rank's nodes, combines
-them in the one fixed tree order and takes the same optimizer step as every other train rank —
-so the update is the colocated loop's, bit for bit, for any number of train devices.
+A train shard computes the gradient of each canonical micro-batch it is given and folds it into
+the fixed tree at once (train/reduce.py `TreeAccumulator`: the aligned nodes of the micro-batches
+it holds, about log2(M) + 1 flat gradients, never M). The reduction is transport plus one fixed
+order: every rank of the group combines one contiguous slice of the flat gradient, receiving that
+slice of every rank's nodes point to point and adding them in the tree order; the combined slices
+then return to every rank by all-gather. So each rank receives about (nodes / W + 1) model
+gradients per update, not W x nodes, and the update is the colocated loop's, bit for bit, for any
+number of train devices (addition is element-wise: a slice's sums are the whole tensor's).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch.distributed as dist
 
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from poise.train.reduce import combine, index_nodes, node_sum
+from poise.train.reduce import TreeAccumulator, combine, index_nodes
 from poise.train.trainer import PolicyTrainer
 
 
@@ -58,21 +62,94 @@ def weights_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def slice_bounds(numel: int, parties: int) -> list[tuple[int, int]]:
+    """The contiguous slice of a flat gradient that each of `parties` ranks combines."""
+    return [(numel * i // parties, numel * (i + 1) // parties) for i in range(parties)]
+
+
+def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ranks: list[int], rank: int, group,
+                         numel: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The root of the tree over m micro-batches whose nodes the `ranks` hold between them (this
+    rank's are `nodes`); returns it, flat, and the bytes this rank received.
+
+    1. Node names: an all-gather of each rank's (level, index) pairs (a few floats).
+    2. Slices: rank i gets slice i of every other rank's nodes, point to point (transport only).
+    3. Combine: rank i adds its slice of all nodes in the fixed tree order (`combine`).
+    4. All-gather of the combined slices (padded to the longest by at most one element).
+    """
+    ranks = sorted(ranks)  # the group's own rank order, which all_gather follows
+    parties, me = len(ranks), ranks.index(rank)
+    bounds = slice_bounds(numel, parties)
+    mine = sorted(nodes)
+    count = torch.tensor([float(len(mine))], device=device)
+    counts = [torch.empty_like(count) for _ in ranks]
+    dist.all_gather(counts, count, group=group)
+    most = int(max(c.item() for c in counts))
+    names = torch.full((most, 2), -1.0, device=device)
+    for i, (level, index) in enumerate(mine):
+        names[i, 0], names[i, 1] = level, index
+    gathered = [torch.empty_like(names) for _ in ranks]
+    dist.all_gather(gathered, names, group=group)
+    received = 4 * (parties * names.numel() + parties)
+    lo, hi = bounds[me]
+    table: dict[tuple[int, int], torch.Tensor] = {node: nodes[node][lo:hi] for node in mine}
+    pending = []
+    for peer, peer_names in enumerate(gathered):
+        if peer == me:
+            for node in mine:  # the other ranks' slices of this rank's nodes, in node order
+                for other in range(parties):
+                    if other != me:
+                        a, b = bounds[other]
+                        pending.append(dist.isend(nodes[node][a:b].contiguous(), dst=ranks[other], group=group))
+            continue
+        for row in peer_names.tolist():
+            if row[0] < 0:
+                continue
+            node = (int(row[0]), int(row[1]))
+            if node in table:
+                raise RuntimeError(f"tree node {node} is held by two devices")
+            table[node] = torch.empty(hi - lo, dtype=torch.float32, device=device)
+            pending.append(dist.irecv(table[node], src=ranks[peer], group=group))
+            received += 4 * (hi - lo)
+    for work in pending:
+        work.wait()
+    part = combine(table, m, torch.add) if hi > lo else torch.zeros(0, device=device)
+    width = max(b - a for a, b in bounds)
+    padded = torch.zeros(width, dtype=torch.float32, device=device)
+    padded[:hi - lo] = part
+    pieces = [torch.empty_like(padded) for _ in ranks]
+    dist.all_gather(pieces, padded, group=group)
+    received += 4 * width * parties
+    total = torch.cat([piece[:b - a] for piece, (a, b) in zip(pieces, bounds)])
+    return total, received
+
+
 class TorchTrainShard:
     def __init__(self, rank: int, trainer: PolicyTrainer, comm: CommunicatorCache, bitwise: bool,
                  device: torch.device, on_version) -> None:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
-        self._grads: dict[int, torch.Tensor] = {}  # micro-batch index -> flat gradient
+        self.numel = sum(p.numel() for p in trainer.params)
+        self._tree = TreeAccumulator(torch.add)  # bitwise: the held micro-batches' tree nodes
+        self._sum: torch.Tensor | None = None  # semantic: their running sum (reassociation allowed)
+        self._held: set[int] = set()
         self._staging: OptimizerStaging | None = None  # a live resize's optimizer transfer in flight
 
     def train_micro_batch(self, index: int, samples, advantages) -> dict:
         start = time.time()
         result = self.trainer.micro_batch_grad(index, samples, torch.tensor(advantages, dtype=torch.float32))
-        self._grads[index] = torch.cat([g.reshape(-1) for g in result.grads])
+        flat = torch.cat([g.reshape(-1) for g in result.grads])
+        result.grads = []
+        if index in self._held:
+            raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
+        self._held.add(index)
+        if self.bitwise:
+            self._tree.push(index, flat)
+        else:
+            self._sum = flat if self._sum is None else self._sum.add_(flat)
         return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
                 "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
-                "start": start, "end": time.time(), "device": self.rank}
+                "start": start, "end": time.time(), "device": self.rank, "held_grads": len(self._tree)}
 
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, inputs_ready: float | None = None) -> dict:
@@ -80,50 +157,46 @@ class TorchTrainShard:
 
         `indices`: the micro-batches this device computed; `ranks`: every device holding some (the
         train devices, and with `pipeline.assist` the rollout devices that `contribute`).
-        bitwise: each device's aligned tree nodes are all-gathered (`rows` per device, the most any
-        of them holds) and combined in the fixed tree order; semantic: an ordinary all-reduce.
+        bitwise: each rank combines its slice of every rank's tree nodes in the fixed tree order,
+        then the slices are all-gathered; semantic: an ordinary all-reduce. `rows` (the most nodes
+        a device holds) is not needed: node counts are exchanged.
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
-        total = self._reduce(num_micro_batches, indices, ranks, rows)
+        total, received = self._reduce(num_micro_batches, indices, ranks)
         grads, offset = [], 0
         for p in self.trainer.params:
-            grads.append(total[offset:offset + p.numel()].view_as(p).clone())
+            grads.append(total[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
         norm = self.trainer.apply_update(grads, normaliser)
-        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s}
+        return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
+                "received_bytes": received}
 
     def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
         """`pipeline.assist`: a rollout device's part of the reduction (the gradients of `indices`,
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
-        self._reduce(num_micro_batches, indices, ranks, rows)
-        return {"start": start, "end": time.time(), "device": self.rank}
+        _, received = self._reduce(num_micro_batches, indices, ranks)
+        return {"start": start, "end": time.time(), "device": self.rank, "received_bytes": received}
 
-    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> torch.Tensor:
-        if set(self._grads) != set(indices):
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]) -> tuple[torch.Tensor, int]:
+        """The mini-batch's summed gradient (flat) and the bytes this rank received for it."""
+        if self._held != set(indices):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
-                               f"got {sorted(self._grads)}")
+                               f"got {sorted(self._held)}")
         group = self.comm.get(ranks)
-        numel = sum(p.numel() for p in self.trainer.params)
-        if self.bitwise:
-            nodes = index_nodes(indices, num_micro_batches)
-            local = [node_sum(n, num_micro_batches, self._grads.__getitem__, torch.add) for n in nodes]
-            buf = torch.zeros(max(1, rows), numel + 2, dtype=torch.float32, device=self.device)
-            buf[:, 0] = -1  # empty row marker
-            for i, ((level, index), value) in enumerate(zip(nodes, local)):
-                buf[i, 0], buf[i, 1], buf[i, 2:] = level, index, value
-            gathered = [torch.empty_like(buf) for _ in ranks]
-            dist.all_gather(gathered, buf, group=group)
-            table = {(int(row[0]), int(row[1])): row[2:] for part in gathered for row in part if row[0] >= 0}
-            total = combine(table, num_micro_batches, torch.add)
-        else:
-            total = torch.zeros(numel, dtype=torch.float32, device=self.device)
-            for index in sorted(self._grads):
-                total += self._grads[index]
+        self._held = set()
+        if not self.bitwise:
+            total = self._sum if self._sum is not None else torch.zeros(self.numel, device=self.device)
+            self._sum = None
             dist.all_reduce(total, group=group)
-        self._grads.clear()
-        return total
+            return total, 4 * self.numel
+        m = num_micro_batches
+        nodes = self._tree.nodes(m)
+        if sorted(nodes) != sorted(index_nodes(indices, m)):  # the tree's invariant, checked where it is used
+            raise RuntimeError(f"device {self.rank}: tree nodes {sorted(nodes)} are not the aligned nodes of "
+                               f"micro-batches {sorted(indices)}")
+        return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device)
 
     # ---- live resize ------------------------------------------------------------------------
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:

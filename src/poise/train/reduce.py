@@ -5,6 +5,10 @@ left child + right child, or the left child alone when the right one is empty. A
 range of micro-batches splits into aligned nodes (`aligned_nodes`), so each train device can
 sum its own range into nodes and the nodes combine (`combine`) into exactly the same root as
 one device summing all M leaves — floating-point addition happens in one fixed order.
+
+`TreeAccumulator` folds leaves into that tree as they arrive (a binary counter of partial sums):
+a device holds one value per pending node — about log2(M) + 1 for leaves in order — instead of
+one per micro-batch, with the same additions in the same order.
 """
 
 from __future__ import annotations
@@ -86,3 +90,62 @@ def combine(nodes: dict[Node, V], m: int, add: Callable[[V, V], V]) -> V:
 def tree_sum(values: list[V], add: Callable[[V, V], V]) -> V:
     """Sum of all values in the fixed tree order (the one-device case)."""
     return node_sum((tree_levels(len(values)), 0), len(values), values.__getitem__, add)
+
+
+class TreeAccumulator:
+    """Micro-batch values folded into the fixed tree as they arrive, in any order.
+
+    A node is formed as soon as both its children are held (left + right, the tree's order); a
+    leaf's or node's value is dropped once it is part of its parent. The number of micro-batches
+    need not be known while leaves arrive: `nodes(m)` then also lifts a node whose right sibling
+    lies past m (a parent with an empty right subtree is its left child, as in `node_sum`), so the
+    nodes it returns are exactly `index_nodes(held, m)` with their `node_sum` values.
+    """
+
+    def __init__(self, add: Callable[[V, V], V]):
+        self.add = add
+        self._nodes: dict[Node, V] = {}
+        self.leaves: set[int] = set()
+        self.peak = 0  # the most values held at once: the memory bound the streaming buys
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def push(self, index: int, value: V, m: int | None = None) -> None:
+        """Micro-batch `index`'s value; `m`, when known, lets a node with an empty right sibling
+        rise at once instead of at `nodes`."""
+        if index < 0 or index in self.leaves:
+            raise ValueError(f"micro-batch {index} pushed twice or negative")
+        self.leaves.add(index)
+        self._rise((0, index), value, m)
+        self.peak = max(self.peak, len(self._nodes))
+
+    def _rise(self, node: Node, value: V, m: int | None) -> None:
+        level, i = node
+        while True:
+            if m is not None and level >= tree_levels(m):
+                break
+            right_empty = m is not None and i % 2 == 0 and (i + 1) << level >= m
+            sibling = (level, i ^ 1)
+            if right_empty:
+                pass  # the parent is this node alone
+            elif sibling in self._nodes:
+                other = self._nodes.pop(sibling)
+                value = self.add(value, other) if i % 2 == 0 else self.add(other, value)
+            else:
+                break
+            level, i = level + 1, i >> 1
+        self._nodes[(level, i)] = value
+
+    def nodes(self, m: int) -> dict[Node, V]:
+        """Every held node, lifted and merged as far as a tree of m micro-batches allows, and
+        cleared from the accumulator."""
+        if self.leaves and max(self.leaves) >= m:
+            raise ValueError(f"micro-batch {max(self.leaves)} is outside a tree of {m} micro-batches")
+        pending = sorted(self._nodes.items())
+        self._nodes, self.leaves = {}, set()
+        for node, value in pending:
+            if node not in self._nodes:
+                self._rise(node, value, m)
+        out, self._nodes = self._nodes, {}
+        return out

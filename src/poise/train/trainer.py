@@ -2,9 +2,10 @@
 
 The step plan (poise.policy.plan) cuts a step's samples, in sample-id order, into mini-batches
 and micro-batches of `micro_batch_size` (never by arrival order, invariant 3). Each
-micro-batch's gradient of its *summed* loss is computed on its own; a mini-batch's gradient is
-their fixed-order tree sum (train/reduce.py) divided once by the plan's normaliser, so the
-update does not depend on how micro-batches were spread over devices or when they arrived.
+micro-batch's gradient of its *summed* loss is computed on its own and folded into the
+fixed-order tree as it comes (train/reduce.py `TreeAccumulator`: about log2(M) + 1 gradients
+held, not M); a mini-batch's gradient is the tree's root divided once by the plan's normaliser,
+so the update does not depend on how micro-batches were spread over devices or when they arrived.
 
 A micro-batch runs as one packed forward (issue 13): its sequences share rows by `pack_rows`
 (a function of their lengths in sample-id order, so still canonical), positions restart per
@@ -24,7 +25,7 @@ from poise.algo.losses import grpo_loss
 from poise.config import AlgorithmConfig
 from poise.policy.plan import MicroStats, loss_normaliser, pack_rows, plan_step, step_stats
 from poise.rollout.sampling import tempered
-from poise.train.reduce import tree_sum
+from poise.train.reduce import TreeAccumulator, combine
 
 
 class SampleLike(Protocol):
@@ -137,6 +138,12 @@ class PolicyTrainer:
         self.ref_model = ref_model
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
+        if cfg.gradient_checkpointing:
+            # non-reentrant: works with autograd.grad and recomputes with the same kernels (same bits)
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -193,12 +200,17 @@ class PolicyTrainer:
                                f"plan expects exactly {len(plan.sample_ids)} ids, (step, 0..{plan.prompts - 1}, "
                                f"0..{plan.group_size - 1})")
         results, norms = [], []
+        add = lambda a, b: [x + y for x, y in zip(a, b)]  # noqa: E731
         for mini in plan.minis:
-            batch = [self.micro_batch_grad(i, [by_id[sid] for sid in ids],
-                                           torch.tensor([advantages[sid] for sid in ids], dtype=torch.float32))
-                     for i, ids in enumerate(mini.micro)]
-            summed = tree_sum([r.grads for r in batch], lambda a, b: [x + y for x, y in zip(a, b)])
+            m = len(mini.micro)
+            tree = TreeAccumulator(add)  # about log2(m) + 1 gradients held, never m
+            for i, ids in enumerate(mini.micro):
+                result = self.micro_batch_grad(i, [by_id[sid] for sid in ids],
+                                               torch.tensor([advantages[sid] for sid in ids], dtype=torch.float32))
+                tree.push(i, result.grads, m)
+                result.grads = []
+                results.append(result)
+            summed = combine(tree.nodes(m), m, add)
             lengths = [[len(by_id[sid].token_ids) for sid in ids] for ids in mini.micro]
             norms.append(self.apply_update(summed, loss_normaliser(lengths, cfg.loss_agg)))
-            results.extend(batch)
         return step_stats([r.stats() for r in results], norms)

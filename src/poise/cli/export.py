@@ -1,0 +1,65 @@
+"""`poise export RUN_DIR [--step N] --out DIR`: a checkpoint as an HF model directory.
+
+The directory holds `config.json`, `model.safetensors` and the run's tokenizer (the built-in char
+tokenizer's marker file, or an HF tokenizer's files), so `AutoModelForCausalLM.from_pretrained(DIR)`
+loads it and `poise train model.path=DIR data.tokenizer=model` continues from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from poise.errors import PoiseError
+
+WEIGHT_FILES = ("config.json", "model.safetensors")
+
+
+def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory of `poise train`")
+    parser.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest complete one)")
+    parser.add_argument("--out", required=True, help="a new (or empty) directory for the HF model")
+
+
+def run(args: argparse.Namespace) -> int:
+    from poise.config import load_train_config
+    from poise.train.checkpoint import checkpoint_dir, latest_checkpoint, verify_checkpoint
+
+    run_dir, out = Path(args.run_dir), Path(args.out)
+    if not (run_dir / "config.yaml").is_file():
+        raise PoiseError(f"'{run_dir}' holds no config.yaml; point poise export at a run directory of poise train")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PoiseError(f"--out '{out}' exists and is not an empty directory; choose a new directory")
+    if args.step is None:
+        source = latest_checkpoint(run_dir)
+    else:
+        source = checkpoint_dir(run_dir, args.step)
+        if not source.is_dir():
+            have = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+            raise PoiseError(f"--step {args.step}: no checkpoint {source.name} in '{run_dir}' "
+                             f"(it has {', '.join(have) or 'none'})")
+        problem = verify_checkpoint(source, args.step)
+        if problem is not None:
+            raise PoiseError(f"checkpoint {source.name} is incomplete ({problem}); export another --step")
+    cfg = load_train_config(run_dir / "config.yaml")
+    from poise.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.model.path)
+    staging = out.parent / f".{out.name}.partial"  # a failed export leaves no half-written --out
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for name in WEIGHT_FILES:
+        shutil.copyfile(source / name, staging / name)
+    save = getattr(tokenizer, "save", None)
+    if save is not None:
+        save(staging)
+    elif hasattr(tokenizer, "_tok"):
+        tokenizer._tok.save_pretrained(str(staging))
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+    print(f"poise: {source.name} of {run_dir} exported to {out} (load it with "
+          f"AutoModelForCausalLM.from_pretrained('{out}'))", file=sys.stderr)
+    return 0
