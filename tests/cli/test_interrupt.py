@@ -179,3 +179,4 @@ def test_ctrl_c_in_the_colocated_loop_checkpoints_and_resumes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
     assert [r["step"] for r in _rows(run_dir)] == list(range(12))
+    assert f"poise: 12 steps in {run_dir}" in resumed.stderr  # the whole run's summary, not the segment's

@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"poise: {signal.Signals(e.signum).name}: stopped after {e.steps_done} steps, checkpoint "
               f"{e.checkpoint.name} written; resume with: poise train --resume {cfg.run.dir}", file=sys.stderr)
         return 128 + e.signum
+    if rows and args.resume:  # the whole run, not only this segment: metrics.jsonl holds every step once
+        from poise.runlog import read_jsonl
+
+        rows = sorted(read_jsonl(Path(cfg.run.dir) / "metrics.jsonl"), key=lambda r: r["step"])
     if rows:
         first = rows[: min(5, len(rows))]
         last = rows[-min(5, len(rows)):]
