@@ -1,7 +1,7 @@
 """Reward calls per second through the sandbox pool (poise.rewards), against calling in process.
 
     .venv/bin/python benchmarks/reward_sandbox.py [--workers 2] [--calls 20000] [--batches 1,16,256]
-        [--rounds 3]
+        [--rounds 3] [--isolation batch|call]
 
 A trivial user reward in a file (`path/to/file.py:score`: 1.0 if the completion equals the
 answer), loaded by import path into `--workers` confined worker processes (network and PID
@@ -61,17 +61,20 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--batches", default="1,16,256")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--isolation", default="batch", choices=["batch", "call"],
+                    help="reward.isolation: a fresh call process per batch chunk or per call")
     args = ap.parse_args()
     sizes = [int(x) for x in args.batches.split(",")]
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "trivial_reward.py")
         path.write_text(REWARD)
-        cfg = RewardConfig(functions=(RewardFunctionConfig(fn=f"{path}:score"),), workers=args.workers, timeout_s=1.0)
+        cfg = RewardConfig(functions=(RewardFunctionConfig(fn=f"{path}:score"),), workers=args.workers, timeout_s=1.0,
+                           isolation=args.isolation)
         t = time.perf_counter()
         scorer = RewardScorer(cfg)
         start_s = time.perf_counter() - t
-        print(f"workers {args.workers}, confinement {scorer.pool.confinement}; load {os.getloadavg()[0]:.2f}")
+        print(f"workers {args.workers}, isolation {args.isolation}, confinement {scorer.pool.confinement}; load {os.getloadavg()[0]:.2f}")
         namespace: dict = {}
         exec(REWARD, namespace)
         fn = namespace["score"]
@@ -120,7 +123,7 @@ def main() -> int:
               f"{row['latency_ms']:>11.2f} {row['in_process_calls_per_s']:>19.0f}")
     print(f"\npool start {start_s:.3f} s ({args.workers} workers); a 0.5 s timeout answered after {timeout_s:.3f} s; "
           f"a replacement worker ready in {restart_s:.3f} s")
-    write_results("reward_sandbox", {"workers": args.workers, "calls": args.calls, "rounds": args.rounds,
+    write_results("reward_sandbox", {"workers": args.workers, "isolation": args.isolation, "calls": args.calls, "rounds": args.rounds,
                                      "confinement": scorer.pool.confinement, "start_s": start_s,
                                      "timeout_answer_s": timeout_s, "restart_s": restart_s, "rows": rows,
                                      "load_1min": os.getloadavg()[0], "cpus": os.cpu_count()})

@@ -72,8 +72,7 @@ def memory_cell(shape: str, mode: str, micro: int, samples: int, tokens: int) ->
                         tuple([-2.0] * tokens), "stop", 0, 0.0, 0.0, tokens) for j in range(samples)]
         adv = torch.linspace(-1, 1, samples)
         result = trainer.micro_batch_grad(i, batch, adv)
-        flat = torch.cat([g.reshape(-1) for g in result.grads])
-        result.grads = []
+        flat, result.flat_grad = result.flat_grad, torch.empty(0)
         if mode == "keep-all":
             kept.append(flat)
         elif mode == "streaming":

@@ -2,13 +2,15 @@
 (through the reward sandbox), every YAML snippet loads as a `poise train` config, and every shell
 command names a make target or a `poise` command whose arguments and config load. (The commands
 are not run to the end: `make demo` alone takes minutes; their first seconds are what a typo
-breaks.)"""
+breaks. A pip install from a wheel index is checked against the Makefile's pin, not run.)"""
 
 from __future__ import annotations
 
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,9 +98,20 @@ def test_every_shell_command_parses_and_its_config_loads(monkeypatch):
     monkeypatch.chdir(ROOT)
     targets = set(re.findall(r"^([a-z][\w.-]*):", (ROOT / "Makefile").read_text(), flags=re.M))
     seen = set()
+    torch_spec = re.search(r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
     for argv in _commands():
         if argv[0] == "make":
             assert argv[1] in targets, argv
+            continue
+        if argv[0] == ".venv/bin/pip":  # a wheel index: not reachable from a test; the pin it names is the Makefile's
+            assert argv[1] == "install" and torch_spec in argv, (argv, torch_spec)
+            continue
+        if argv[0] == ".venv/bin/python":  # run as written, by this interpreter
+            done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (argv, done.stderr[-2000:])
+            continue
+        if argv[0].endswith(".sh"):  # a script (the GPU check): it exists and parses
+            assert subprocess.run(["bash", "-n", str(ROOT / argv[0])]).returncode == 0, argv
             continue
         assert argv[0] == "poise" and argv[1] in SUBCOMMANDS, argv
         seen.add(argv[1])

@@ -186,7 +186,9 @@ class AlgorithmConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
-    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = the model's max_position_embeddings")
+    max_context: int = help_field(0, "prompt + response tokens per slot; 0 = what the run needs: its longest "
+                                     "prompt + max_new_tokens, rounded up to a power of two, at most the model's "
+                                     "max_position_embeddings (an engine built without a run: the model's maximum)")
     batch_invariant: bool = help_field(False, "bit-identical tokens and logprobs regardless of batch, slot and "
                                               "co-batched requests (fixed reduction orders: on CPU about the "
                                               "fast mode's cost; fixed-shape tiles on CUDA, slower)")
@@ -198,6 +200,8 @@ class EngineConfig:
     stop_strings: tuple[str, ...] = help_field((), "a response ends once its text contains one of these "
                                                    "(needs a tokenizer); the completing token is kept")
     weight_bucket_mb: float = help_field(64.0, "load_weights stages at most this many MiB at a time")
+    kv_cache_gb: float = help_field(0.0, "largest KV cache of one engine, in GiB: an engine runs fewer than "
+                                         "num_slots slots to fit it (never a shorter context); 0 = no limit")
 
     def __post_init__(self) -> None:
         check(self.num_slots >= 1, "num_slots", self.num_slots, "must be >= 1")
@@ -208,6 +212,8 @@ class EngineConfig:
         check(all(isinstance(s, str) and s for s in self.stop_strings), "stop_strings", self.stop_strings,
               "must be non-empty strings")
         check(self.weight_bucket_mb > 0, "weight_bucket_mb", self.weight_bucket_mb, "must be > 0")
+        check(self.kv_cache_gb >= 0 and math.isfinite(self.kv_cache_gb), "kv_cache_gb", self.kv_cache_gb,
+              "must be >= 0 GiB (0 = no limit), e.g. 20")
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,9 @@ class ClusterConfig:
     device: Literal["cpu", "cuda"] = help_field("cpu", "cpu: each device is a CPU worker with "
                                                        "threads_per_device threads; cuda: one GPU per device")
     threads_per_device: int = help_field(1, "torch threads per device (pinned in bitwise mode)")
+    gpus_per_device: float = help_field(1.0, "cuda: the share of a GPU each device holds; below 1 several devices "
+                                             "share one GPU (0.5: two per GPU, for a one-GPU machine) and their "
+                                             "collectives go over gloo, since NCCL refuses two ranks on one GPU")
     split: tuple[int, ...] = help_field((), "[rollout devices, train devices]; empty = the allocator decides")
     address: str | None = help_field(None, "join this Ray cluster (host:port); null starts a local Ray")
     connect_timeout_s: float = help_field(20.0, "give up joining a cluster or placing devices after this long")
@@ -244,6 +253,10 @@ class ClusterConfig:
         check(self.devices >= 2, "devices", self.devices,
               "a disaggregated job needs at least 2 devices (one rollout, one train); use pipeline.mode=colocated for 1")
         check(self.threads_per_device >= 1, "threads_per_device", self.threads_per_device, "must be >= 1")
+        check(0 < self.gpus_per_device <= 1, "gpus_per_device", self.gpus_per_device,
+              "must be in (0, 1]: 1 = a GPU per device, 0.5 = two devices per GPU")
+        check(self.gpus_per_device == 1 or self.device == "cuda", "gpus_per_device", self.gpus_per_device,
+              "shares GPUs, so it needs cluster.device=cuda; drop it on CPU")
         if self.split:
             check(len(self.split) == 2, "split", list(self.split), "give [rollout devices, train devices]")
             check(min(self.split) >= 1, "split", list(self.split),
@@ -323,6 +336,9 @@ class RewardConfig:
     workers: int = help_field(2, "sandboxed reward worker processes, started once per run")
     memory_mb: int = help_field(2048, "address-space limit (RLIMIT_AS) of each reward worker, in MiB")
     cpu_s: float = help_field(10.0, "CPU seconds (RLIMIT_CPU) one function may use on one sample")
+    isolation: str = help_field("batch", "what one fresh process of a reward worker runs: `batch` (up to 64 calls of "
+                                         "one submitted batch; a reward cannot touch another batch's results) or "
+                                         "`call` (one sample: nor another sample's; ~1 ms more a call)")
 
     def __post_init__(self) -> None:
         entries = []
@@ -341,6 +357,7 @@ class RewardConfig:
         check(self.workers >= 1, "workers", self.workers, "must be >= 1")
         check(self.memory_mb >= 64, "memory_mb", self.memory_mb, "must be >= 64 (a Python worker needs ~30 MiB)")
         check(self.cpu_s > 0, "cpu_s", self.cpu_s, "must be > 0, e.g. 10")
+        check(self.isolation in ("batch", "call"), "isolation", self.isolation, "must be batch or call")
 
     @property
     def resolved(self) -> tuple[RewardFunctionConfig, ...]:

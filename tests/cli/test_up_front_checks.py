@@ -59,26 +59,28 @@ def test_tokenizer_that_fits_the_model_passes(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable GPU")
-def test_cuda_device_without_a_gpu_fails_up_front(tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "colocated"])
+def test_cuda_device_without_a_gpu_fails_up_front(tmp_path, mode):
     start = time.monotonic()
-    result = poise("train", "cluster.device=cuda", f"run.dir={tmp_path / 'run'}", "run.progress=false")
+    result = poise("train", "cluster.device=cuda", f"pipeline.mode={mode}", f"run.dir={tmp_path / 'run'}",
+                   "run.progress=false")
     assert time.monotonic() - start < FAST_S
     assert_one_line_error(result, "cluster.device=cuda", "cluster.device=cpu")
     assert not (tmp_path / "run").exists()
 
 
 def test_cuda_device_without_nccl_is_refused(monkeypatch):
-    """The second half of the device check, on a torch that sees GPUs but lacks NCCL."""
+    """The second half of the device check, on a torch that sees GPUs but lacks NCCL: needed
+    between devices that hold whole GPUs, not by devices sharing one (gloo) or by one process."""
     import torch.distributed as dist
 
     from poise.train.setup import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
     with pytest.raises(PoiseError, match="no NCCL built in"):
-        check_device(ClusterConfig(device="cuda"))
+        check_device(ClusterConfig(device="cuda"), colocated=False)
+    check_device(ClusterConfig(device="cuda", gpus_per_device=0.5), colocated=False)  # gloo between them
+    check_device(ClusterConfig(device="cuda"), colocated=True)  # one process: no collectives
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-    check_device(ClusterConfig(device="cuda"))  # with NCCL the same machine passes
-    with pytest.raises(PoiseError, match="has 8 CUDA devices"):
-        check_device(ClusterConfig(device="cuda", devices=16))
+    check_device(ClusterConfig(device="cuda"), colocated=False)  # with NCCL the same machine passes

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -318,6 +319,18 @@ def _landlock_abi() -> int:
     return libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
 
 
+def _can_mount_tmpfs() -> bool:
+    import tempfile
+
+    from poise.rewards.sandbox import mount_tmpfs, unmount
+
+    with tempfile.TemporaryDirectory() as where:
+        if not mount_tmpfs(where, 1, os.getuid()):
+            return False
+        unmount(where)
+        return True
+
+
 def test_every_layer_the_kernel_offers_holds(make_scorer):
     """The tests above skip a check only where the kernel refuses its layer: probe the kernel here,
     so a layer that silently stopped working fails instead of skipping."""
@@ -329,4 +342,8 @@ def test_every_layer_the_kernel_offers_holds(make_scorer):
         assert c["network"] == "namespace" and c["pid_namespace"], c["notes"]
     if os.geteuid() == 0:
         assert c["uid"] >= UID_BASE and c["nproc_limit"] > 0, c["notes"]
+        if _can_mount_tmpfs():  # size-limited: test_a_disk_filler_stops_at_the_scratch_limit
+            assert c["scratch"] == "tmpfs"
+    if sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64"):
+        assert c["unix_sockets"] == "blocked", c["notes"]
     assert c["notes"] == [] or not namespaces or _landlock_abi() < 1, c["notes"]

@@ -129,3 +129,33 @@ def test_a_dead_actor_ends_the_wait_at_once_while_the_other_call_still_hangs(ray
 def test_a_misspelt_fault_hook_is_refused():
     with env(**{KILL_ENV: "generation:0:1"}), pytest.raises(PoiseError, match="POISE_TEST_KILL='generation:0:1'"):
         kill_hooks()
+
+
+@ray.remote
+class _Survivor:
+    """A device after a death: one answers the probe, the other is stuck in a collective."""
+
+    def held_version(self) -> int:
+        return 3
+
+    def stuck(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_the_recovery_probe_does_not_wait_for_a_survivor_stuck_in_a_collective(ray_session):
+    """A survivor in a broadcast with the dead device answers nothing until gloo's timeout
+    (step_timeout_s, 10 min by default): the probe gives it PROBE_S, then counts it as lost."""
+    from types import SimpleNamespace
+
+    from poise.runtime.faults import PROBE_S, _held_versions
+
+    free, stuck = _Survivor.remote(), _Survivor.remote()
+    ray.get([free.held_version.remote(), stuck.held_version.remote()])  # both started
+    stuck.stuck.remote(600)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    held = _held_versions(SimpleNamespace(workers=[None, free, stuck]), dead=[0])
+    assert held == [None, 3, None]
+    assert time.monotonic() - t0 < PROBE_S + 10
+    ray.kill(stuck)
+    ray.kill(free)

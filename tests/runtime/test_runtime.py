@@ -102,6 +102,25 @@ def test_sync_bitwise_equals_colocated_for_every_split(ray_session, runs, refere
     got.assert_bitwise_equal(reference, f"sync {split} vs colocated")
 
 
+def test_train_devices_hold_log_m_gradients_and_receive_a_few_gradients_an_update(ray_session, runs, reference):
+    """The streaming tree and the slice exchange, seen in the event log: a device that computes k
+    of the step's micro-batches holds at most floor(log2 k) + 1 of their gradients, and receives
+    at most 2.5 gradients' bytes per update at 2 and 3 train devices (an all-gather of every
+    device's nodes received 2 x 2 = 4 and 3 x 1 = 3)."""
+    for split in [(2, 2), (1, 3)]:
+        got = runs.disaggregated("sync", split)
+        micro = [e for e in got.events if e["kind"] == "interval" and e["phase"] == "micro_batch"]
+        updates = [e for e in got.events if e["kind"] == "interval" and e["phase"] == "update"]
+        assert micro and updates
+        per_device = {}
+        for e in micro:
+            per_device.setdefault((e["step"], e["device"]), []).append(e["held_grads"])
+        for (step, device), held in per_device.items():
+            assert max(held) <= len(held).bit_length(), (split, step, device, held)
+        for e in updates:
+            assert 0 < e["received_bytes"] <= 2.5 * e["grad_bytes"], (split, e)
+
+
 def _helped_steps(run, split) -> set[int]:
     """Steps in which a rollout device (0..R-1) computed a micro-batch (pipeline.assist)."""
     return {e["step"] for e in run.events if e["kind"] == "interval" and e["phase"] == "micro_batch"

@@ -147,8 +147,8 @@ def test_marker_outside_checkpoints_is_refused(tmp_path, marker):
     (root / "latest").write_text(marker + "\n")
     with pytest.raises(PoiseError) as err:
         latest_checkpoint(tmp_path / "run")
-    message = str(err.value)
-    assert "\n" not in message and repr(marker) in message and "outside" in message, message
+    message = str(err.value)  # the marker's content is never printed: it may be another file's
+    assert "\n" not in message and repr(marker) not in message and "outside" in message, message
 
 
 @pytest.mark.parametrize("marker", ["", "step_00", "\0" * 12, "step_000009\n"])

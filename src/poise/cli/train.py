@@ -38,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
                          "run.tensorboard=false")
-    if cfg.cluster.compute == "real" and cfg.pipeline.mode != "colocated":
+    if cfg.cluster.compute == "real":
         from poise.train.setup import check_device
 
-        check_device(cfg.cluster)  # the GPUs and NCCL exist, before Ray starts
+        check_device(cfg.cluster, cfg.pipeline.mode == "colocated")  # a GPU (and NCCL), before Ray starts
     if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
         from poise.data.prompts import check_prompts
 

@@ -81,6 +81,15 @@ class TaskSteps:
                                 f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
                                 "rollout.max_context")
 
+    def longest_prompt(self) -> int:
+        """Tokens of the longest prompt the run can draw: every dataset row, or every built-in
+        task pool (a function of data config and seed)."""
+        if isinstance(self.source, DatasetSource):
+            problems = self.source.problems
+        else:
+            problems = [p for i in range(len(self.source.phases)) for p in self.source.pool(i)]
+        return max(len(self.prompt_ids(p)) for p in problems)
+
     def submit_scores(self, problems: list[Problem], samples) -> PendingRewards:
         """Queue `samples` (of the step whose prompts are `problems`) in the reward sandbox; returns
         at once. Each function sees the prompt, the decoded response (without EOS) and the row's
@@ -110,6 +119,19 @@ def engine_context(model: ModelConfig, max_context: int) -> int | None:
         return int(json.loads(config.read_text())["max_position_embeddings"])
     except (ValueError, KeyError, TypeError):
         return None  # a broken config.json: the model loader says what is wrong
+
+
+def fitted_context(model: ModelConfig, max_context: int, longest_prompt: int, max_new_tokens: int) -> int:
+    """The engine's context of a run: rollout.max_context, else the run's need, the longest prompt +
+    max_new_tokens, rounded up to a power of two (at least 64), at most the model's
+    max_position_embeddings. A slot of a 32k-position model no longer holds 32k tokens of cache for
+    a few hundred. A power of two keeps every batch-invariant key bucket (runner.key_bucket: 64, 128,
+    ... capped at the context) what it is under any larger context, so the tokens do not change."""
+    if max_context:
+        return max_context
+    need = max(64, 1 << (longest_prompt + max_new_tokens - 1).bit_length())
+    limit = engine_context(model, 0)
+    return need if limit is None else min(need, limit)
 
 
 def check_prompts(data: DataConfig, model: ModelConfig, seed: int, max_context: int, max_new_tokens: int) -> None:

@@ -87,34 +87,58 @@ CODE_TIMEOUT_S = 5.0  # one candidate's program and all its tests, in a fresh in
 CODE_TEST_TIMEOUT_S = 2.0  # one test
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
-# Runs in a fresh `python -I` (stdin: JSON {program, tests}). Prints one mark per test on a
-# private copy of stdout: "P" pass, "F" fail; the program's own output goes to /dev/null.
+# Runs in a fresh `python -I` (stdin: JSON {program, tests}) that never runs the candidate itself:
+# each test runs, after the program, in a fork of its own with every fd closed and its output on
+# /dev/null, and passes only by exiting with the status this harness drew at random for it
+# (sys.exit(0), os._exit, a crash or a timeout fail it). The harness is not dumpable and a test
+# process holds no capability, so it cannot open the harness's fds or memory through /proc (not
+# even as root); the harness writes one mark per test, "P" or "F", on its stdout, which no test
+# process holds.
 _HARNESS = r"""
-import json, os, signal, sys
+import ctypes, json, os, random, signal, sys
+libc = ctypes.CDLL(None)
+libc.prctl(4, 0, 0, 0, 0)
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 job = json.load(sys.stdin)
-marks = os.fdopen(os.dup(1), "w")
+marks = os.dup(1)
 null = os.open(os.devnull, os.O_RDWR)
-os.dup2(null, 1); os.dup2(null, 2)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+draw = random.SystemRandom()
 def alarm(signum, frame):
     raise TimeoutError("test timed out")
 signal.signal(signal.SIGALRM, alarm)
-scope = {"__name__": "__main__"}
-try:
-    signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
-    exec(compile(job["program"], "<candidate>", "exec"), scope)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-except BaseException:
-    marks.write("X"); marks.flush(); os._exit(0)
-for test in job["tests"]:
+def passes(test):
+    code = draw.randrange(3, 120)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.closerange(3, 1 << 16)
+            if libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (ctypes.c_uint32 * 6)()) != 0:
+                os._exit(1)
+            scope = {"__name__": "__main__"}
+            signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+            exec(compile(job["program"], "<candidate>", "exec"), scope)
+            signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+            exec(compile(test, "<test>", "exec"), scope)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            os._exit(code)
+        except BaseException:
+            os._exit(1)
+        finally:
+            os._exit(1)
     try:
-        signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
-        exec(compile(test, "<test>", "exec"), dict(scope))
+        signal.setitimer(signal.ITIMER_REAL, 2 * job["test_timeout"] + 0.5)
+        _, status = os.waitpid(pid, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        marks.write("P")
-    except BaseException:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        marks.write("F")
-    marks.flush()
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return False
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == code
+for test in job["tests"]:
+    os.write(marks, b"P" if passes(test) else b"F")
 os._exit(0)
 """
 
@@ -127,8 +151,9 @@ def extract_program(completion: str) -> str:
 
 def run_tests(program: str, tests: Sequence[str], timeout_s: float = CODE_TIMEOUT_S) -> float:
     """Fraction of `tests` (Python statements, typically `assert f(2) == 4`) that pass after running
-    `program`, each test in a copy of the program's globals, in a fresh interpreter (`python -I`)
-    with a per-test alarm. A program that fails to run passes no test."""
+    `program`: each test in a fresh fork of a harness (`python -I`) that runs the program, then the
+    test, with a per-test alarm (see _HARNESS). A program that fails to run passes no test. A
+    harness report that is not one mark per test at most raises (the call fails)."""
     if not tests:
         return 0.0
     job = json.dumps({"program": program, "tests": list(tests), "test_timeout": CODE_TEST_TIMEOUT_S})
@@ -138,7 +163,15 @@ def run_tests(program: str, tests: Sequence[str], timeout_s: float = CODE_TIMEOU
         marks = out.stdout
     except subprocess.TimeoutExpired as e:  # the marks written before the hang still count
         marks = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-    return marks.count("P") / len(tests)
+    return score_marks(marks, len(tests))
+
+
+def score_marks(marks: str, tests: int) -> float:
+    """The fraction of passes in the harness's report; anything but one "P" or "F" per test (at
+    most `tests` of them) means the report was tampered with, and raises."""
+    if len(marks) > tests or marks.strip("PF"):
+        raise RuntimeError(f"the code harness reported {marks[:40]!r} for {tests} tests; not scored")
+    return marks.count("P") / tests
 
 
 def _tests_of(row_tests: Any) -> list[str]:
@@ -189,7 +222,9 @@ def code(prompts: list[str], completions: list[str], tests: list, **_: list) -> 
     with one statement per line. Each test runs in a copy of the program's globals in a fresh
     `python -I` started inside the reward sandbox, CODE_TEST_TIMEOUT_S per test and CODE_TIMEOUT_S
     for the whole program (keep reward.timeout_s above it). The harness guards against crashes,
-    exits and hangs, not against a program that tampers with the interpreter itself.
+    exits, hangs and a program that writes marks or reaches the harness; not against a program
+    that makes its own test pass from inside (an object whose `__eq__` is always True, or one that
+    reads the exit status it must give from its process's memory).
     """
     return [run_tests(extract_program(c), _tests_of(t)) for c, t in zip(completions, tests)]
 
@@ -198,4 +233,4 @@ BUILTINS: dict[str, Callable[..., list[float]]] = {"task": task, "exact": exact,
                                                    "code": code}
 
 __all__ = ["BUILTINS", "SCALAR", "task", "exact", "items", "math", "code", "exact_score", "items_score",
-           "final_number", "extract_program", "run_tests"]
+           "final_number", "extract_program", "run_tests", "score_marks"]

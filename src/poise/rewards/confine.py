@@ -10,7 +10,10 @@ privileges refuse is skipped, never fatal. What holds where:
 | processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
 | fork bombs | the worker drops to a uid of its own (keeping only CAP_DAC_READ_SEARCH, to read the interpreter under /root) so RLIMIT_NPROC applies: root ignores it | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
 | files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
-| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0 | the same |
+| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process, not per worker (no cgroup) | the same |
+| unix sockets | seccomp: socket(AF_UNIX) and io_uring refused, so no socket file (ssh-agent, Ray's raylet, D-Bus) is reachable | the same |
+| scratch | a tmpfs of memory_mb mounted by the pool (poise.rewards.sandbox), emptied after every call | on the disk, RLIMIT_FSIZE per file |
+| the result channel | the server holds the pool's pipes; each call process (nested Landlock domain, no capabilities, not dumpable) has only a pipe of its own (poise.rewards.worker) | the same |
 
 Without Landlock (kernels before 5.13, or LSM disabled) the files row falls back to: the working
 directory and HOME are the scratch directory and the run directory's path is never passed, but a
@@ -32,6 +35,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_KEEPCAPS = 8
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
@@ -79,6 +83,7 @@ class Confinement:
     """What holds for one worker (sent to the driver as the `ready` message)."""
 
     network: str = "open"  # "namespace" | "tcp-blocked" | "open"
+    unix_sockets: str = "open"  # "blocked" (seccomp) | "open"
     pid_namespace: bool = False
     uid: int = -1  # the uid the worker runs as
     nproc_limit: int = -1
@@ -159,6 +164,21 @@ def after_fork_in_namespace() -> None:
     _prctl(PR_SET_PDEATHSIG, 9)
 
 
+def die_with_parent() -> None:
+    """Without a PID namespace to watch from: SIGKILL when the parent dies (the kernel sends it
+    when the thread that started us exits)."""
+    if LINUX:
+        _prctl(PR_SET_PDEATHSIG, 9)
+        if os.getppid() == 1:
+            os._exit(1)
+
+
+def unmount(path: str) -> None:
+    """Detach the mount on `path`, if any (lazily; errors ignored)."""
+    if LINUX:
+        _libc.umount2(path.encode(), 2)  # MNT_DETACH
+
+
 def adopt_orphans() -> None:
     """Become a child subreaper: orphans of the processes we start are re-parented to us."""
     if not LINUX:
@@ -217,17 +237,18 @@ def limit_cpu(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
 
 
-def landlock(reads: list[str], writes: list[str], report: Confinement) -> None:
+def landlock(reads: list[str], writes: list[str], report: Confinement) -> int | None:
     """Allow reading (and executing) `reads`, everything in `writes`, and nothing else of the
     filesystem; refuse TCP connect/bind (ABI >= 4) and signals and abstract unix sockets to
-    processes outside (ABI >= 6)."""
+    processes outside (ABI >= 6). Returns the ruleset (a close-on-exec fd) for `nest`, or None
+    when Landlock did not hold."""
     if not LINUX:
-        return
+        return None
     abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
                         ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
     if abi < 1:
         report.notes.append(f"landlock unavailable: {os.strerror(ctypes.get_errno())}")
-        return
+        return None
     report.landlock_abi = abi
     fs = (1 << 13) - 1  # ABI 1: execute .. make_sym
     if abi >= 2:
@@ -237,10 +258,11 @@ def landlock(reads: list[str], writes: list[str], report: Confinement) -> None:
     attr = _RulesetAttr(fs, NET_BIND_TCP | NET_CONNECT_TCP if abi >= 4 else 0,
                         SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if abi >= 6 else 0)
     size = 8 if abi < 4 else 16 if abi < 6 else 24
-    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    ruleset = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                            ctypes.c_uint32(0))
     if ruleset < 0:
         report.notes.append(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
-        return
+        return None
     file_rights = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | (FS_TRUNCATE if abi >= 3 else 0)
     try:
         for paths, rights in ((reads, FS_EXECUTE | FS_READ_FILE | FS_READ_DIR), (writes, fs)):
@@ -260,12 +282,102 @@ def landlock(reads: list[str], writes: list[str], report: Confinement) -> None:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         if _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
             report.notes.append(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
-            return
-    finally:
+            os.close(ruleset)
+            return None
+    except BaseException:
         os.close(ruleset)
+        raise
     report.filesystem = True
     if abi >= 4 and report.network == "open":
         report.network = "tcp-blocked"
+    return ruleset
+
+
+def nest(ruleset: int | None) -> None:
+    """Enter a Landlock domain of our own, nested in the worker's (the same rules once more): a
+    process that did this can no longer ptrace, read the memory or fds of (/proc/PID/mem, fd/), or
+    signal (ABI >= 6) the process it was forked from, whose domain is less restricted, nor any
+    sibling. Closes `ruleset`. Raises OSError when the kernel refuses (the caller must not go on)."""
+    if ruleset is None:
+        return
+    try:
+        if _libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
+    finally:
+        os.close(ruleset)
+
+
+def not_dumpable() -> None:
+    """A process of the same uid may not ptrace us nor open /proc/<us>/mem or /proc/<us>/fd/*
+    (unless it holds CAP_SYS_PTRACE: `drop_capabilities` in the children). Inherited by fork."""
+    if LINUX:
+        _prctl(PR_SET_DUMPABLE, 0)
+
+
+def drop_capabilities(keep: int = 0) -> None:
+    """Keep only the capabilities in the bit mask `keep` (an unprivileged worker holds every
+    capability inside its user namespace, CAP_SYS_PTRACE included, until it drops them)."""
+    if not LINUX:
+        return
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)(_CapData(keep, keep, keep), _CapData(0, 0, 0))
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+# seccomp: a classic BPF filter (linux/seccomp.h, linux/filter.h) on the syscall number and arch.
+SECCOMP_SET_MODE_FILTER, SYS_SECCOMP = 1, {"x86_64": 317, "aarch64": 277}
+_AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+_SYS_SOCKET = {"x86_64": 41, "aarch64": 198}
+_SYS_IO_URING_SETUP = 425  # io_uring's IORING_OP_SOCKET would make a socket behind seccomp's back
+_X32_BIT = 0x40000000  # x86_64's x32 ABI: the same syscalls under other numbers
+SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS = 0x7FFF0000, 0x00050000, 0x80000000
+AF_UNIX = 1
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def block_unix_sockets(report: Confinement) -> None:
+    """seccomp: socket(AF_UNIX, ...) fails with EACCES, so no socket file (a Ray raylet's, an
+    ssh-agent's, D-Bus's) can be connected to: neither the network namespace nor Landlock covers
+    connect() on a path. socketpair() stays (it reaches nobody); io_uring is refused (it could
+    make sockets without the socket syscall). Needs no_new_privs (set by `landlock`)."""
+    arch = os.uname().machine
+    if not LINUX or arch not in _AUDIT_ARCH:
+        report.notes.append(f"seccomp: not on {sys.platform}/{arch} (unix sockets stay reachable)")
+        return
+    ld_w, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, BPF_RET|BPF_K
+    jset = 0x45  # BPF_JMP|BPF_JSET|BPF_K
+    deny = SECCOMP_RET_ERRNO | 13  # EACCES
+    prog = [
+        (ld_w, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 1, 0, _AUDIT_ARCH[arch]),
+        (ret, 0, 0, SECCOMP_RET_KILL_PROCESS),  # another ABI (i386 on x86_64): numbers differ
+        (ld_w, 0, 0, 0),  # seccomp_data.nr
+        (jset, 5, 0, _X32_BIT if arch == "x86_64" else 0),
+        (jeq, 4, 0, _SYS_IO_URING_SETUP),
+        (jeq, 0, 2, _SYS_SOCKET[arch]),
+        (ld_w, 0, 0, 16),  # seccomp_data.args[0], low 32 bits (little-endian): the family
+        (jeq, 1, 0, AF_UNIX),
+        (ret, 0, 0, SECCOMP_RET_ALLOW),
+        (ret, 0, 0, deny),
+    ]
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
+    fprog = _SockFprog(len(prog), filters)
+    try:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        _check(_libc.syscall(ctypes.c_long(SYS_SECCOMP[arch]), ctypes.c_uint(SECCOMP_SET_MODE_FILTER),
+                             ctypes.c_uint(0), ctypes.byref(fprog)), "seccomp")
+    except OSError as e:
+        report.notes.append(f"seccomp: {e} (unix sockets stay reachable)")
+        return
+    report.unix_sockets = "blocked"
 
 
 def system_reads() -> list[str]:
@@ -279,5 +391,5 @@ def system_reads() -> list[str]:
     return sorted(paths)
 
 
-__all__ = ["Confinement", "enter_namespaces", "drop_root", "after_fork_in_namespace", "adopt_orphans", "set_limits", "limit_cpu",
-           "landlock", "system_reads"]
+__all__ = ["Confinement", "enter_namespaces", "drop_root", "after_fork_in_namespace", "die_with_parent", "adopt_orphans", "set_limits",
+           "limit_cpu", "landlock", "nest", "not_dumpable", "drop_capabilities", "block_unix_sockets", "system_reads"]

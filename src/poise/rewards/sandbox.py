@@ -6,23 +6,29 @@
     pool.close()
 
 Workers are started once (`python -c` running poise.rewards.worker in a fresh scratch directory,
-with a scrubbed environment, in a session of their own) and confine themselves before they import
-the reward functions (poise.rewards.confine says what holds with and without root). User code is
-imported only there, never in the driver. Each submitted batch is cut into chunks; one driver
-thread per worker sends a chunk and reads one JSON line per call. Each call has its own wall-clock
-deadline (`timeout_s` after the previous call's answer): past it, or when the worker dies (CPU
-limit, a crash), the worker's process group and PID namespace are killed, the call gets a failed
+with a scrubbed environment, in a session of their own) and confine themselves before any user
+code runs (poise.rewards.confine says what holds with and without root). User code runs only in
+the workers' call processes, never in the driver nor in the worker process that talks to the
+pool (poise.rewards.worker). Each submitted batch is cut into chunks; one driver thread per
+worker sends a chunk and reads one JSON line per call, tagged with the call's id. Each call has
+its own wall-clock deadline (`timeout_s` after the previous call's answer): past it, or when the
+worker dies, the worker's process group and PID namespace are killed, the call gets a failed
 Outcome, a fresh worker starts and the rest of the chunk goes on there. A bad answer (not one
-finite number) is a failed Outcome too. The pool itself never raises on a reward's behaviour.
+finite number) is a failed Outcome too; a line that is not the answer to the call awaited (another
+id, not JSON) fails the call and replaces the worker. The pool itself never raises on a reward's
+behaviour.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
 import pickle
 import queue
+import re
+import secrets
 import select
 import shutil
 import signal
@@ -52,6 +58,7 @@ class SandboxLimits:
     memory_mb: int = 2048
     cpu_s: float = 10.0
     workers: int = 2
+    per_child: int = CHUNK  # calls per fresh call process: CHUNK (reward.isolation batch) or 1 (call)
 
 
 class Call(NamedTuple):
@@ -93,11 +100,13 @@ class Batch:
         return list(self._outcomes)  # type: ignore[arg-type]
 
 
-def _checked(message: Any) -> Outcome:
-    """A worker's answer to one call, checked on the driver's side (the worker may be hostile)."""
-    if not isinstance(message, list) or len(message) != 2 or message[0] not in ("ok", "err"):
-        return Outcome(None, "malformed answer from the reward worker")
-    kind, payload = message
+def _checked(message: Any, call_id: int) -> Outcome | None:
+    """A worker's answer to call `call_id`, checked on the driver's side; None when it is not one
+    (a line for another call, malformed): the worker is broken and gets replaced."""
+    if not isinstance(message, list) or len(message) != 3 or type(message[0]) is not int or message[0] != call_id \
+            or message[1] not in ("ok", "err"):
+        return None
+    _, kind, payload = message
     if kind == "err":
         return Outcome(None, str(payload)[:300])
     if isinstance(payload, bool) or not isinstance(payload, (int, float)):
@@ -125,6 +134,7 @@ class _Worker:
         self.buf = b""
         self.lines: list[bytes] = []
         self.confinement: dict | None = None
+        self.scratch_tmpfs = False
 
     def start(self) -> None:
         """Start the process and send its set-up; `wait_ready` reads the answer."""
@@ -133,6 +143,8 @@ class _Worker:
         if os.geteuid() == 0:
             uid = UID_BASE + (os.getpid() % 100_000) * 64 + self.slot % 64
             os.chown(self.scratch, uid, uid)
+            # a tmpfs of reward.memory_mb: one call cannot fill the disk under the run's checkpoints
+            self.scratch_tmpfs = mount_tmpfs(self.scratch, self.pool.limits.memory_mb, uid)
         poise_parent = os.path.dirname(os.path.dirname(os.path.abspath(poise.__file__)))
         boot = f"import sys; sys.path.insert(0, {poise_parent!r}); from poise.rewards.worker import main; main()"
         self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -140,7 +152,8 @@ class _Worker:
                                      start_new_session=True)
         self.buf, self.lines = b"", []
         self.send({"functions": [asdict(s) for s in self.pool.specs], "reads": self.pool.reads, "uid": uid,
-                   "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s})
+                   "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s,
+                   "per_child": self.pool.limits.per_child})
 
     def wait_ready(self) -> None:
         """The worker's `ready` (its confinement) or a PoiseError naming the function it cannot load."""
@@ -149,7 +162,7 @@ class _Worker:
         except EOFError:
             message = None
         if isinstance(message, list) and message and message[0] == "ready" and isinstance(message[1], dict):
-            self.confinement = message[1]
+            self.confinement = {**message[1], "scratch": "tmpfs" if self.scratch_tmpfs else "disk"}
             return
         self.kill()
         if isinstance(message, list) and len(message) == 3 and message[0] == "error" and \
@@ -188,8 +201,8 @@ class _Worker:
         line = self.lines.pop(0)
         try:
             return json.loads(line)
-        except ValueError:
-            return ["err", "malformed answer from the reward worker"]
+        except (ValueError, RecursionError):
+            return line  # bytes: never a valid answer, the worker gets replaced
 
     def exit_reason(self) -> str:
         """Why the worker died, from its exit status (its PID 1's, passed on)."""
@@ -227,6 +240,8 @@ class _Worker:
             self.proc = None
         if self.scratch is not None:
             _wait_until_gone(str(self.scratch), timeout_s=5.0)
+            if self.scratch_tmpfs:
+                unmount(self.scratch)
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch = None
 
@@ -238,7 +253,11 @@ class SandboxPool:
         self.specs, self.limits = tuple(specs), limits
         poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
         self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
+        remove_stale_scratch()
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        # every call's own id, drawn at random so a reward cannot guess another call's (it can
+        # still read the ids of its own call process's calls from memory: reward.isolation)
+        self._ids = iter(lambda: secrets.randbits(53), None)
         self._workers = [_Worker(self, slot) for slot in range(limits.workers)]
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # no leaked processes, even unclosed
         try:
@@ -308,14 +327,15 @@ class SandboxPool:
                 w.kill()
                 batch._set(offset + i, Outcome(None, f"the reward worker could not restart: {e}"))
                 return i + 1
-        try:
-            w.send([tuple(c) for c in calls[i:]])  # plain tuples: unpickling a Call would import this module there
+        ids = [next(self._ids) for _ in calls[i:]]
+        try:  # plain tuples: unpickling a Call would import this module there
+            w.send([(call_id, *c) for call_id, c in zip(ids, calls[i:])])
         except OSError:  # died while idle: start a fresh one and send again
             w.kill()
             self.restarts += 1
             return i
         deadline = time.monotonic() + self.limits.timeout_s
-        while i < len(calls):
+        for call_id in ids:
             try:
                 message = w.read(deadline)
             except EOFError:
@@ -329,7 +349,13 @@ class SandboxPool:
                 self.restarts += 1
                 batch._set(offset + i, Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
                 return i + 1
-            batch._set(offset + i, _checked(message))
+            outcome = _checked(message, call_id)
+            if outcome is None:  # any unexpected byte: this worker is done
+                w.kill()
+                self.restarts += 1
+                batch._set(offset + i, Outcome(None, "unexpected answer from the reward worker; it was replaced"))
+                return i + 1
+            batch._set(offset + i, outcome)
             i += 1
             deadline = time.monotonic() + self.limits.timeout_s
         return i
@@ -354,9 +380,59 @@ def _wait_until_gone(scratch: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+
+
+def mount_tmpfs(path: str, size_mb: int, uid: int) -> bool:
+    """Mount a tmpfs of `size_mb` MiB, owned by `uid`, on `path` (root only); False if refused."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return False
+    options = f"size={size_mb}m,mode=0700,uid={uid},gid={uid}".encode()
+    return _libc.mount(b"tmpfs", path.encode(), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV), options) == 0
+
+
+def unmount(path: str) -> None:
+    """Detach a scratch tmpfs (lazily: a process still dying there does not hold it up)."""
+    if sys.platform.startswith("linux"):
+        _libc.umount2(path.encode(), MNT_DETACH)
+
+
+SCRATCH = re.compile(r"poise-reward-(\d+)-\w+")  # tempfile.mkdtemp's name: the driver's pid first
+
+
+def remove_stale_scratch(root: str | None = None) -> list[str]:
+    """Remove the scratch directories of drivers that died without closing their pool (SIGKILLed:
+    their workers kill themselves, but what they wrote stays); returns those removed. A directory
+    whose driver's pid is alive (or taken again) is left alone, as is one we do not own."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = SCRATCH.fullmatch(entry.name)
+        try:
+            if not match or not entry.is_dir(follow_symlinks=False):
+                continue
+            owner = entry.stat(follow_symlinks=False).st_uid
+            if owner != os.geteuid() and not (os.geteuid() == 0 and owner >= UID_BASE):
+                continue
+            os.kill(int(match.group(1)), 0)
+            continue  # alive
+        except ProcessLookupError:
+            unmount(entry.path)  # its tmpfs, if it had one (root)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+        except OSError:
+            continue
+    return removed
+
+
 def _kill_all(workers: list[_Worker]) -> None:
     for w in workers:
         w.kill()
 
 
-__all__ = ["SandboxPool", "SandboxLimits", "Call", "Outcome", "Batch"]
+__all__ = ["SandboxPool", "SandboxLimits", "Call", "Outcome", "Batch", "remove_stale_scratch"]

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from poise.config import RewardConfig
 from poise.rewards.functions import resolve_functions
-from poise.rewards.sandbox import Batch, Call, SandboxLimits, SandboxPool
+from poise.rewards.sandbox import CHUNK, Batch, Call, SandboxLimits, SandboxPool
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,8 @@ class RewardScorer:
     def __init__(self, cfg: RewardConfig):
         self.cfg = cfg
         self.specs = resolve_functions(cfg)
-        self.pool = SandboxPool(self.specs, SandboxLimits(cfg.timeout_s, cfg.memory_mb, cfg.cpu_s, cfg.workers))
+        self.pool = SandboxPool(self.specs, SandboxLimits(cfg.timeout_s, cfg.memory_mb, cfg.cpu_s, cfg.workers,
+                                                          CHUNK if cfg.isolation == "batch" else 1))
 
     @property
     def names(self) -> list[str]:

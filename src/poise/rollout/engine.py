@@ -133,22 +133,68 @@ class Engine:
                              f"{self.runner.max_positions}; lower engine max_context")
         # batch_invariant: rows padded to this quantum, or (0) fixed-shape tiles (runner.row_quantum)
         self.row_quantum = self.runner.row_quantum() if cfg.batch_invariant else 0
-        slots = cfg.num_slots
-        if cfg.batch_invariant and not self.row_quantum:  # whole tiles: each a view of consecutive cache rows
-            slots = math.ceil(slots / cfg.invariant_tile) * cfg.invariant_tile
-        self.cache = KVCache(self.runner.cache_shape(slots, self.context), self.runner.dtype, self.runner.device)
+        live, slots = self._fit_slots(cfg)
+        self.num_slots = live  # slots that run sequences (cfg.num_slots, or fewer within kv_cache_gb)
+        # Built at the first step, so a device that never generates (a train device) holds none, and
+        # freed by `release` when the device leaves the rollout role.
+        self.cache: KVCache | None = None
+        self._cache_shape = self.runner.cache_shape(slots, self.context)
         # every slot's Gumbel noise, made NoiseTable.SPAN positions ahead (None: made per step);
         # row `cache.scratch` serves the padding rows of fixed-shape tiles
         vocab = self.model.lm_head.weight.shape[0]  # the logits' width
-        span = NoiseTable.span_for(slots + 1, vocab) if sampling.temperature > 0 else 0
-        self.noise = NoiseTable(slots + 1, span, vocab, self.runner.device) if span else None
-        self._free = list(range(cfg.num_slots))  # a heap: lowest slot first keeps live slots packed
+        self._noise_span = NoiseTable.span_for(slots + 1, vocab) if sampling.temperature > 0 else 0
+        self.noise = NoiseTable(slots + 1, self._noise_span, vocab, self.runner.device) if self._noise_span else None
+        self._noise_released = False
+        self._free = list(range(live))  # a heap: lowest slot first keeps live slots packed
         self._slots: dict[int, _Sequence] = {}
         self._queue: deque[_Sequence] = deque()
         self._known: set[SampleId] = set()  # queued or running
         self.replay_mismatches = 0  # batch_invariant resume: replayed tokens the logits disagreed with
         self.steps = 0
         self.tokens_generated = 0  # new tokens sampled (replayed ones excluded)
+
+    def _fit_slots(self, cfg: EngineConfig) -> tuple[int, int]:
+        """(slots that run sequences, slots the cache holds): `num_slots`, or as many as fit in
+        `kv_cache_gb` (the context is never shortened: that would change what is generated).
+        Fixed-shape tiles (batch_invariant without a row quantum) hold whole tiles."""
+        tile = cfg.invariant_tile if cfg.batch_invariant and not self.row_quantum else 1
+        live = cfg.num_slots
+        if cfg.kv_cache_gb:
+            budget = cfg.kv_cache_gb * 2**30
+            per_slot = self.runner.cache_shape(1, self.context).bytes(self.runner.dtype) / 2  # bytes() counts scratch
+            fit = (int(budget // per_slot) - 1) // tile * tile  # less the scratch row
+            if fit < 1:
+                raise PoiseError(f"rollout.kv_cache_gb={cfg.kv_cache_gb:g} holds no {'tile' if tile > 1 else 'slot'} "
+                                 f"of {self.context} tokens ({tile * per_slot / 2**30:.3g} GiB); raise "
+                                 "rollout.kv_cache_gb or lower rollout.max_context")
+            live = min(live, fit)
+        return live, math.ceil(live / tile) * tile
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes this engine holds for generation now: the KV cache and the noise table."""
+        held = self.cache.shape.bytes(self.runner.dtype) if self.cache is not None else 0
+        return held + (self.noise.table.numel() * self.noise.table.element_size() if self.noise is not None else 0)
+
+    def _ensure_cache(self) -> None:
+        if self.cache is None:
+            self.cache = KVCache(self._cache_shape, self.runner.dtype, self.runner.device)
+        if self._noise_released:
+            slots, vocab = self._cache_shape.slots, self.model.lm_head.weight.shape[0]
+            self.noise = NoiseTable(slots + 1, self._noise_span, vocab, self.runner.device)
+            self._noise_released = False
+
+    def release(self) -> None:
+        """Free the KV cache and the noise table (the device leaves the rollout role); the next
+        step builds them again. Needs an idle engine."""
+        if not self.idle:
+            raise EngineBusyError(f"release needs an idle engine; {self.num_running} running and "
+                                  f"{self.num_queued} queued")
+        self.cache = None
+        if self.noise is not None:
+            self.noise, self._noise_released = None, True
+        if self.runner.device.type == "cuda":  # hand the blocks back to the device, not just to torch's pool
+            torch.cuda.empty_cache()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -208,6 +254,7 @@ class Engine:
         sequence. Returns the samples that finished in it (also passed to `on_sample`)."""
         if self.idle:
             return []
+        self._ensure_cache()
         if self.cfg.batch_invariant and not self.row_quantum:
             rows, tokens, logprobs = self._step_tiles()
         else:

@@ -8,6 +8,7 @@ a cluster that does not answer is a clear error within `connect_timeout_s`, neve
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import sys
@@ -106,8 +107,58 @@ def _connect(cfg: ClusterConfig) -> str | None:
                     "(https://docs.ray.io/en/latest/ray-security/token-auth.html)")
         return None
     devices = cfg.devices + cfg.reserve_devices
-    start_local(num_cpus=max(devices, os.cpu_count() or 1), num_gpus=(devices if cfg.device == "cuda" else 0))
+    if cfg.device == "cuda":
+        check_gpu_count(cfg, detected_gpus())
+    # Ray counts the GPUs itself: telling it `devices` would pass the placement check and fail later
+    # in every actor with "no CUDA GPUs" / "invalid device ordinal"
+    start_local(num_cpus=max(devices, os.cpu_count() or 1))
     return None
+
+
+def detected_gpus() -> int | None:
+    """The GPUs a local Ray detects on this machine (NVIDIA's count, limited by CUDA_VISIBLE_DEVICES),
+    or None where this Ray cannot say (the placement check then reports the shortfall)."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        manager = get_accelerator_manager_for_resource("GPU")
+        count = manager.get_current_node_num_accelerators()
+        visible = manager.get_current_process_visible_accelerator_ids()
+    except (ImportError, AttributeError):  # a Ray without this (private) interface
+        return None
+    return count if visible is None else min(count, len(visible))
+
+
+def gpus_needed(cfg: ClusterConfig) -> int:
+    """Whole GPUs the job's devices and reserve take at `cluster.gpus_per_device` each."""
+    return math.ceil((cfg.devices + cfg.reserve_devices) * cfg.gpus_per_device - 1e-9)
+
+
+def check_gpu_count(cfg: ClusterConfig, detected: int | None) -> None:
+    """One line, before any actor starts, if this machine has fewer GPUs than the job needs."""
+    need = gpus_needed(cfg)
+    if detected is None or detected >= need:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    share = cfg.gpus_per_device
+    fix = (f"lower cluster.devices, or share GPUs with cluster.gpus_per_device="
+           f"{max(detected, 1) / (cfg.devices + cfg.reserve_devices):.3g}" if detected else
+           "install NVIDIA's driver or use cluster.device=cpu")
+    raise PoiseError(f"cluster.devices={cfg.devices} + reserve_devices={cfg.reserve_devices} at "
+                     f"gpus_per_device={share:g} need {need} GPUs, but Ray detects {detected} on this "
+                     f"machine{where}; {fix}")
+
+
+def collective_backend(device: str, gpus_per_device: float) -> str:
+    """torch.distributed's backend: NCCL between whole GPUs; gloo on CPU and where devices share a
+    GPU (NCCL refuses two ranks on one GPU; gloo moves CUDA tensors through the host)."""
+    return "nccl" if device == "cuda" and gpus_per_device >= 1 else "gloo"
+
+
+def device_bundle(cfg: ClusterConfig) -> dict[str, float]:
+    """One device's placement-group bundle."""
+    return {"GPU": cfg.gpus_per_device, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
 
 
 def token_auth() -> bool:
@@ -144,7 +195,7 @@ class DevicePool:
 
 def _place(cfg: ClusterConfig, count: int, what: str, fix: str) -> DevicePool:
     """A placement group of `count` one-device bundles, or one line naming `what` and the `fix`."""
-    bundle = {"GPU": 1, "CPU": 1} if cfg.device == "cuda" else {"CPU": 1}
+    bundle = device_bundle(cfg)
     group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=cfg.connect_timeout_s)
     if not ready:
@@ -157,8 +208,10 @@ def device_pool(cfg: ClusterConfig) -> DevicePool:
     """Reserve one bundle per device, or fail clearly if the cluster cannot hold them."""
     resource = "GPU" if cfg.device == "cuda" else "CPU"
     have = ray.cluster_resources().get(resource, 0)
-    if have < cfg.devices:
-        raise PoiseError(f"cluster.devices={cfg.devices} but the Ray cluster has {have:g} {resource}s; "
+    need = cfg.devices * (cfg.gpus_per_device if cfg.device == "cuda" else 1)
+    if have < need - 1e-9:
+        share = f" at gpus_per_device={cfg.gpus_per_device:g} ({need:g} GPUs)" if cfg.device == "cuda" else ""
+        raise PoiseError(f"cluster.devices={cfg.devices}{share} but the Ray cluster has {have:g} {resource}s; "
                          f"lower cluster.devices or add nodes")
     return _place(cfg, cfg.devices, f"{cfg.devices} devices",
                   " (other jobs hold the resources?); lower cluster.devices or free the cluster")

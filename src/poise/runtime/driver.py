@@ -13,6 +13,7 @@ scenario (emulated compute); the driver does not know which.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Protocol, Sequence
 from ray.exceptions import RayActorError, RayTaskError
 
 from poise.config import TrainConfig
-from poise.data.prompts import TaskSteps, make_prompt_source, make_tokenizer
+from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
 from poise import interrupt
 from poise.errors import PoiseError
@@ -44,8 +45,8 @@ from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump
-from poise.train.checkpoint import (PENDING_SAMPLES, checkpoint_dir, decode_samples, encode_samples,
-                                    latest_checkpoint, prune_checkpoints)
+from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
+                                    encode_samples, latest_checkpoint, prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
@@ -80,10 +81,14 @@ class Runtime:
         self.pool = device_pool(c)
         self.reserve = reserve_pool(c)  # devices that may join as rollout instances (runtime/scale.py)
         self.joined: list[int] = []  # reserve devices that joined: rollout instances from then on
-        self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, cfg.rollout, cfg.run.seed, c.threads_per_device,
+        rollout = cfg.rollout
+        if emulation is None and isinstance(source, TaskSteps):  # the KV cache sized by the run's prompts
+            rollout = dataclasses.replace(rollout, max_context=fitted_context(
+                cfg.model, rollout.max_context, source.longest_prompt(), algo.sampling.max_new_tokens))
+        self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
-                               c.step_timeout_s, faults.hang_hook())
+                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device)
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
@@ -106,7 +111,7 @@ class Runtime:
         """Place the devices' worker actors in the pool's bundles, in the roles of `split`."""
         c, algo = self.cfg.cluster, self.cfg.algorithm
         port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
-        resources = {"num_gpus": 1} if c.device == "cuda" else {}
+        resources = {"num_gpus": c.gpus_per_device} if c.device == "cuda" else {}
         # the thread env of every device process, also on a joined cluster, whose job has none of
         # start_local's runtime_env: the same OpenMP/MKL set-up on every node (issue 11)
         resources["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(c.threads_per_device),
@@ -222,6 +227,7 @@ class Driver:
                 scored, stats, micro, updates, t_gen, t_train, sync_s = self.survive(
                     log, step, "step", lambda: self.train_step(log, step, problems))
                 t_end = self.now()
+                check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
@@ -510,10 +516,12 @@ class Driver:
                       start=rel(start), end=rel(end))
         for m in micro:
             log.event("interval", rel(m["start"]), device=m["device"], role="train", phase="micro_batch",
-                      step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"])
-        for u in updates:
+                      step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
+                      **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
+        for u in updates:  # real compute reports the reduction's traffic
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
-                      step=step, start=rel(u["start"]), end=rel(u["end"]))
+                      step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens
         for s in samples:
             log.event("sample", rel(s.finish_time), id=list(s.sample_id), step=step,

@@ -211,6 +211,9 @@ class EmulatedEngine:
                                f"and {self.num_queued} queued sequences; sync only between generations")
         self.version = version
 
+    def release(self) -> None:
+        """Nothing to free: an emulated engine holds no cache."""
+
     def set_weights_version(self, version: int) -> None:
         self.load_weights((), version)
 

@@ -136,6 +136,9 @@ def lost_or_raise(rt, error: BaseException, devices: list[int], what: str) -> Ba
         dead = sorted(set(dead) | set(devices))
     if dead:
         return WorkerLost(dead, what)
+    cause = getattr(error, "cause", None)
+    if isinstance(error, RayTaskError) and isinstance(cause, PoiseError):  # its one line, not Ray's traceback
+        return cause
     return error
 
 
@@ -186,8 +189,12 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     survivors = [d for d in rt.train_ranks if d not in dead]
     if not survivors:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, "no train device survives to restore from"))
-    source = survivors[0]
-    held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead, timeout_s))}
+    held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead))}
+    source = next((d for d in survivors if held[d] == version), survivors[0])
+    if held[source] is None:
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"no surviving train device answered within "
+                                                                f"{PROBE_S:g} s (one waits in a collective with the "
+                                                                "dead device)"))
     if held[source] != version:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"train device {source} holds weights version "
                                                                 f"{held[source]}, not {version}"))
@@ -207,6 +214,13 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     except WorkerLost as e:
         raise RunFailure(unrecoverable(rt, dead + e.devices, step, run_dir, "a survivor died while it was saved")
                          ) from None
+    from poise.train.checkpoint import verify_checkpoint  # torch: driver only
+
+    for d, path in paths.items():  # by content (sha256, finite weights) before every device loads it
+        problem = verify_checkpoint(Path(path))
+        if problem is not None:
+            raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"the replica device {d} saved does not verify "
+                                                                    f"({problem})"))
     split, rollout_ranks = rt.split, set(rt.rollout_ranks)
     stop_workers(rt.workers, PROBE_S)
     rt.start(split, rt.transitions)
@@ -240,10 +254,21 @@ def drain(refs: Sequence) -> None:
             pass
 
 
-def _held_versions(rt, dead: list[int], timeout_s: float) -> list[int | None]:
+def _held_versions(rt, dead: list[int]) -> list[int | None]:
+    """The weights version each device holds; None for a dead one and for one that does not answer
+    within PROBE_S: a survivor in a collective with the dead device (a weight sync's broadcast)
+    answers only when gloo gives up, after cluster.step_timeout_s, and every actor is replaced
+    anyway, so recovery does not wait for it."""
     live = [d for d in range(len(rt.workers)) if d not in dead]
-    got = dict(zip(live, wait([rt.workers[d].held_version.remote() for d in live], live, "the recovery probe",
-                              timeout_s)))
+    refs = [rt.workers[d].held_version.remote() for d in live]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_S)
+    got = {}
+    for d, ref in zip(live, refs):
+        if ref in ready:
+            try:
+                got[d] = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                pass
     return [got.get(d) for d in range(len(rt.workers))]
 
 

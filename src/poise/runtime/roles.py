@@ -59,6 +59,10 @@ class RolloutEngine(Protocol):
 
     def set_weights_version(self, version: int) -> None: ...
 
+    def release(self) -> None:
+        """Free what generation holds (the KV cache): the device leaves the rollout role."""
+        ...
+
 
 class TrainShard(Protocol):
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict: ...

@@ -13,6 +13,7 @@ number of train devices (addition is element-wise: a slice's sums are the whole 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -20,10 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
-from poise.train.trainer import PolicyTrainer
+from poise.train.trainer import PolicyTrainer, param_views
 
 
 class CommunicatorCache:
@@ -37,6 +39,7 @@ class CommunicatorCache:
         self.timeout = timeout  # of every collective on these groups (cluster.step_timeout_s)
         self._groups: dict[frozenset[int], object] = {}
         self.created_after_prewarm = 0  # groups a resize had to create on its critical path
+        self.warmed = 0  # groups of this rank that ran a collective at pre-warm (NCCL's set-up done)
         self._prewarmed = False
 
     def get(self, ranks: list[int] | tuple[int, ...]):
@@ -129,7 +132,7 @@ class TorchTrainShard:
                  device: torch.device, on_version) -> None:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
-        self.numel = sum(p.numel() for p in trainer.params)
+        self.numel = trainer.numel
         self._tree = TreeAccumulator(torch.add)  # bitwise: the held micro-batches' tree nodes
         self._sum: torch.Tensor | None = None  # semantic: their running sum (reassociation allowed)
         self._held: set[int] = set()
@@ -138,8 +141,7 @@ class TorchTrainShard:
     def train_micro_batch(self, index: int, samples, advantages) -> dict:
         start = time.time()
         result = self.trainer.micro_batch_grad(index, samples, torch.tensor(advantages, dtype=torch.float32))
-        flat = torch.cat([g.reshape(-1) for g in result.grads])
-        result.grads = []
+        flat, result.flat_grad = result.flat_grad, torch.empty(0)
         if index in self._held:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
         self._held.add(index)
@@ -164,23 +166,21 @@ class TorchTrainShard:
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
         total, received = self._reduce(num_micro_batches, indices, ranks)
-        grads, offset = [], 0
-        for p in self.trainer.params:
-            grads.append(total[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-        norm = self.trainer.apply_update(grads, normaliser)
+        norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
+        traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
-                "received_bytes": received}
+                **traffic}
 
     def contribute(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int) -> dict:
         """`pipeline.assist`: a rollout device's part of the reduction (the gradients of `indices`,
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
-        _, received = self._reduce(num_micro_batches, indices, ranks)
-        return {"start": start, "end": time.time(), "device": self.rank, "received_bytes": received}
+        self._reduce(num_micro_batches, indices, ranks)
+        return {"start": start, "end": time.time(), "device": self.rank}
 
-    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]) -> tuple[torch.Tensor, int]:
-        """The mini-batch's summed gradient (flat) and the bytes this rank received for it."""
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]
+                ) -> tuple[torch.Tensor, int | None]:
+        """The mini-batch's summed gradient (flat) and the bytes this rank received for it (bitwise)."""
         if self._held != set(indices):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
                                f"got {sorted(self._held)}")
@@ -190,7 +190,7 @@ class TorchTrainShard:
             total = self._sum if self._sum is not None else torch.zeros(self.numel, device=self.device)
             self._sum = None
             dist.all_reduce(total, group=group)
-            return total, 4 * self.numel
+            return total, None  # what the backend's all-reduce moves is its own
         m = num_micro_batches
         nodes = self._tree.nodes(m)
         if sorted(nodes) != sorted(index_nodes(indices, m)):  # the tree's invariant, checked where it is used
@@ -270,19 +270,23 @@ class OptimizerStaging:
             opt.state.clear()
             self.report = {"bytes": 0, "seconds": time.time() - t0, "peak_buffer_bytes": 0}
             return
+        # the state is allocated on the training stream (it lives on there); only the chunk copies
+        # run on the transfer's own stream, so they overlap the joiner's first forward/backward
         views = self._views()
         total = sum(v.numel() for v in views)
-        buf = torch.empty(min(total, max(1, self.buffer_bytes // 4)), dtype=torch.float32, device=self.device)
-        cursor = (0, 0)  # (view, offset in it)
-        moved = 0
-        while moved < total:
-            n = min(buf.numel(), total - moved)
-            if sending:
-                cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=True)
-            dist.broadcast(buf[:n], src=self.src, group=self.group)
-            if not sending:
-                cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=False)
-            moved += n
+        with _side_stream(self.device):
+            buf = torch.empty(min(total, max(1, self.buffer_bytes // 4)), dtype=torch.float32, device=self.device)
+            cursor = (0, 0)  # (view, offset in it)
+            moved = 0
+            while moved < total:
+                n = min(buf.numel(), total - moved)
+                if sending:
+                    cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=True)
+                dist.broadcast(buf[:n], src=self.src, group=self.group)
+                if not sending:
+                    cursor = _copy_chunk(views, cursor, buf[:n], into_buffer=False)
+                moved += n
+            _sync(self.device)  # the time of the transfer, not of its enqueue; the step reads the state next
         self.report = {"bytes": 4 * total, "seconds": time.time() - t0, "peak_buffer_bytes": 4 * buf.numel()}
 
 
@@ -317,8 +321,16 @@ class BroadcastSync:
         self.engine_call = engine_call  # runs fn(engine) with the engine loop paused
 
     def prewarm(self, rank_sets: list[list[int]]) -> int:
+        """Create every group of `rank_sets` and run one tiny collective on each this rank belongs
+        to: NCCL builds a communicator at its first collective, not at `new_group`, so without it
+        the first use after a resize pays the set-up on the critical path. Every rank walks the same
+        list in the same order, so the collectives cannot wait on each other in a cycle."""
         for ranks in rank_sets:
-            self.comm.get(ranks)
+            group = self.comm.get(ranks)
+            if self.rank in ranks:
+                dist.all_reduce(torch.zeros(1, device=self.device), group=group)
+                self.comm.warmed += 1
+        _sync(self.device)
         self.comm.prewarmed()
         return len(self.comm)
 
@@ -329,28 +341,68 @@ class BroadcastSync:
                 sender_ready: float | None = None) -> float:
         start = time.time()  # the broadcast itself waits for the sender: `sender_ready` is not needed
         group = self.comm.get(ranks)
+        if self.rank == src:  # the leader's engine shares its weights
+            self._broadcast(src, group, bucket_mb)
+            self.engine_call(lambda engine: engine.set_weights_version(version))
+        else:
+            self.engine_call(lambda engine: self._receive(engine, src, group, bucket_mb, version))
+        _sync(self.device)  # a CUDA broadcast returns at enqueue: time the transfer itself
+        return time.time() - start
+
+    def _buckets(self, bucket_mb: float):
+        """Consecutive runs of named parameters of at most `bucket_mb` (one parameter at least)."""
         named = list(self.model.named_parameters())
         limit = max(1, int(bucket_mb * 2**20) // 4)
-        received: list[tuple[str, torch.Tensor]] = []
         first = 0
         while first < len(named):
             last, size = first, 0
             while last < len(named) and (size == 0 or size + named[last][1].numel() <= limit):
                 size += named[last][1].numel()
                 last += 1
-            if self.rank == src:
-                flat = torch.cat([p.detach().reshape(-1) for _, p in named[first:last]])
-            else:
-                flat = torch.empty(size, dtype=named[first][1].dtype, device=self.device)
-            dist.broadcast(flat, src=src, group=group)
-            if self.rank != src:
-                offset = 0
-                for name, p in named[first:last]:
-                    received.append((name, flat[offset:offset + p.numel()].view_as(p)))
-                    offset += p.numel()
+            yield named[first:last], size
             first = last
-        if self.rank != src:
-            self.engine_call(lambda engine: engine.load_weights(received, version))
-        else:  # the leader's engine shares its weights
-            self.engine_call(lambda engine: engine.set_weights_version(version))
-        return time.time() - start
+
+    def _broadcast(self, src: int, group, bucket_mb: float) -> None:
+        for bucket, _ in self._buckets(bucket_mb):
+            flat = torch.cat([p.detach().reshape(-1) for _, p in bucket])
+            dist.broadcast(flat, src=src, group=group)
+
+    @torch.no_grad()
+    def _receive(self, engine, src: int, group, bucket_mb: float, version: int) -> None:
+        """Receive each bucket and copy it into the engine's weights (this device's model) at once,
+        so at most one bucket is held beside the model, never a second copy of it. Runs with the
+        engine loop paused; the engine's in-flight check comes first, and a refused device still
+        takes part in every broadcast (the sender would otherwise wait out the collective timeout)."""
+        try:
+            engine.set_weights_version(version)  # raises, touching nothing, if sequences are in flight
+            refused = None
+        except EngineBusyError as e:  # re-raised once the collective is done
+            refused = e
+        for bucket, size in self._buckets(bucket_mb):
+            flat = torch.empty(size, dtype=bucket[0][1].dtype, device=self.device)
+            dist.broadcast(flat, src=src, group=group)
+            if refused is None:
+                offset = 0
+                for _, p in bucket:
+                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+            del flat  # before the next bucket is allocated
+        if refused is not None:
+            raise refused
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work before a time is taken: CUDA collectives and copies return
+    at enqueue, so an unsynchronised time measures the launch. A no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _side_stream(device: torch.device):
+    """A CUDA stream of its own for a background transfer, after the work already queued on the
+    current one (the state it reads); a no-op context on CPU."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return torch.cuda.stream(stream)

@@ -45,6 +45,7 @@ class WorkerSpec:
     emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
+    gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
 
 
 class Device(FileEndpoint):
@@ -66,6 +67,8 @@ class Device(FileEndpoint):
 
     # ---- role and communicators ---------------------------------------------------------------
     def set_role(self, role: Role) -> Role:
+        if role == "train" and self.role != "train":  # a train device holds no generation memory
+            self.loop.with_engine(lambda engine: engine.release())
         self.role = role
         return role
 
@@ -124,8 +127,14 @@ class Device(FileEndpoint):
         if role == "rollout" and self.role == "train":
             self.shard.drop_optimizer()
             self.loop.with_engine(lambda engine: engine.set_weights_version(version))
+        if role == "train" and self.role == "rollout":  # the KV cache's memory goes to the optimizer state
+            self.loop.with_engine(lambda engine: engine.release())
         self.role = role
         return self.version
+
+    def generation_bytes(self) -> int:
+        """Bytes the rollout engine holds now (KV cache and noise table; 0 where it never generated)."""
+        return self.loop.with_engine(lambda engine: getattr(engine, "cache_bytes", 0))
 
     def restore_version(self, version: int) -> int:
         """Emulated compute's reload after a hard resize: no weights exist, only their version."""
@@ -312,6 +321,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     from poise.data.tokenizer import load_tokenizer
     from poise.rollout.engine import Engine
     from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard
+    from poise.train.determinism import bitwise_cuda
     from poise.train.setup import pin_threads
     from poise.train.trainer import PolicyTrainer
 
@@ -319,15 +329,18 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     torch.manual_seed(spec.seed)  # the colocated loop's RNG state, saved in checkpoints
     device = torch.device("cuda", 0) if spec.device == "cuda" else torch.device("cpu")
     timeout = datetime.timedelta(seconds=spec.step_timeout_s)  # a dead peer must not hold a survivor for 30 min
+    from poise.runtime.cluster import collective_backend
     from poise.runtime.faults import START_UP_S
 
     # the rendezvous waits for the slowest actor's start (model imports on a loaded machine)
     store = join_rendezvous(rank, world_size, rendezvous, max(timeout, datetime.timedelta(seconds=START_UP_S)))
-    dist.init_process_group("nccl" if spec.device == "cuda" else "gloo", store=store, rank=rank,
+    dist.init_process_group(collective_backend(spec.device, spec.gpus_per_device), store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     model = _initial_policy(spec, tokenizer).to(device)
+    if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
+        bitwise_cuda(device, model.config.model_type)
     ref = None
     if spec.algorithm.kl_coef > 0:
         ref = _initial_policy(spec, tokenizer).to(device).requires_grad_(False).eval()
@@ -366,7 +379,13 @@ def join_rendezvous(rank: int, world_size: int, key: str, timeout):
     from poise.runtime.cluster import interface_of
 
     here = ray.util.get_node_ip_address()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface_of(here))
+    interface = interface_of(here)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)  # NCCL's bootstrap and socket transport: the same one
+    # 2 = CleanUpOnly: a collective whose peer died or hung past the timeout aborts its communicator and
+    # raises in this process, which lives on to be recovery's surviving replica. Torch's default (3)
+    # tears the process down, and without handling the CUDA stream stays stuck behind the collective.
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     if rank == 0:
         listener = socket.socket(socket.AF_INET6 if ":" in here else socket.AF_INET)
         listener.bind((here, 0))

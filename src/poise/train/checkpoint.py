@@ -6,6 +6,11 @@ transformers), `optimizer.safetensors` (AdamW moments by parameter name) and `st
 files). Nothing time- or path-dependent is written, so two runs with the same seed write
 byte-identical checkpoints.
 
+Verified by content: state.json also records each file's sha256 (`"sha256": {name: hexdigest}`,
+by the file's path relative to the checkpoint directory, for every file a save wrote), checked on
+resume and recovery with every file opened without following a symbolic link, and the weights
+must be finite; a save that fails (a full disk) is one line and leaves the earlier checkpoints.
+
 Durable (issue 11): a checkpoint is written into `checkpoints/.tmp-step_XXXXXX-<pid>/`, every file
 and the directory are fsynced, and only then is it renamed to `step_XXXXXX`; the `latest` marker
 is replaced atomically the same way. A kill at any moment leaves the previous checkpoints intact
@@ -17,7 +22,10 @@ refused.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -28,9 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from poise.errors import PoiseError
+from poise.train.optim_state import place_state
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
 # An async run's checkpoint also holds the samples of the next step, made with the weights before
@@ -57,6 +67,40 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainState, extra: dict[str, bytes] | None = None) -> Path:
+    """`write_checkpoint`, where a full disk (or any OSError) is one line (CheckpointSaveError, exit
+    2) and costs nothing: the partial directory is removed, the checkpoints before it stay."""
+    try:
+        return write_checkpoint(run_dir, model, optimizer, state, extra)
+    except OSError as e:
+        raise save_failed(run_dir, state.step, e) from None
+    except SafetensorError as e:  # safetensors' writer reports the OS error in its message only
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise save_failed(run_dir, state.step, OSError(int(code.group(1)), os.strerror(int(code.group(1))))) from None
+
+
+class CheckpointSaveError(PoiseError):
+    """A checkpoint could not be written; the message is the one line to print."""
+
+
+def save_failed(run_dir: str | Path, step: int, error: OSError) -> CheckpointSaveError:
+    """The one line for a save of checkpoint `step` that raised `error`, after removing what it wrote."""
+    root = Path(run_dir) / "checkpoints"
+    remove_partial(root)  # the space it took, and nothing a resume would look at
+    intact = next((p.name for p in _step_dirs(root) if verify_checkpoint(p) is None), None)
+    what = "disk full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else \
+        f"{error.strerror or type(error).__name__}{f' ({error.filename})' if error.filename else ''}"
+    fix = "free space" if what == "disk full" else "fix that"
+    if intact is None:
+        return CheckpointSaveError(f"{what} while saving step {step}; no earlier checkpoint is saved; {fix} and start "
+                                   "the run again")
+    return CheckpointSaveError(f"{what} while saving step {step}; step {int(intact[5:])} is intact; {fix} and "
+                               f"--resume {run_dir}")
+
+
+def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                     state: TrainState, extra: dict[str, bytes] | None = None) -> Path:
     """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
     `latest` at it. Tensors are written as they are (no device-side copies). `extra`: more files
     the resumed run needs (an async run's next samples, PENDING_SAMPLES), written and verified
@@ -81,7 +125,7 @@ def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torc
     sizes = {name: (tmp / name).stat().st_size for name in [*CHECKPOINT_FILES[:-1], *(extra or {})]}
     rng = torch.get_rng_state().tolist()
     (tmp / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
-                                                "torch_rng": rng, "files": sizes}) + "\n")
+                                                "torch_rng": rng, "files": sizes, "sha256": file_digests(tmp)}) + "\n")
     _test_kill("state", state.step)
     return commit_checkpoint(tmp, run_dir, state.step)
 
@@ -151,28 +195,117 @@ def verify_checkpoint(path: Path, step: int | None = None) -> str | None:
     """None if checkpoint `path` is complete, else what is wrong with it, in a few words. `step`:
     the step it must describe (default: the one its `step_XXXXXX` name says).
 
-    Cheap but real: state.json parses and names this step, config.json parses, and each
-    safetensors file's header parses, covers the file exactly and has the size state.json records.
+    Real, by content: state.json parses and names this step, config.json parses, no file is a
+    symbolic link (every file is opened without following one), each file has the sha256 that
+    state.json records (checkpoints from before the hashes: the size), each safetensors file's
+    header covers the file exactly, and every weight is finite.
     """
     try:
-        meta = json.loads((path / "state.json").read_text())
+        if path.is_symlink():
+            return f"{path.name} is a symbolic link"
+        meta = json.loads(_read(path, "state.json"))
         if step is None:
             step = int(STEP_DIR.fullmatch(path.name).group(1))
         if not isinstance(meta, dict) or meta.get("step") != step or "torch_rng" not in meta:
             return "state.json does not describe this step"
-        json.loads((path / "config.json").read_text())
-        sizes = meta.get("files", {})  # absent in checkpoints from before issue 11
-        for name in [*CHECKPOINT_FILES[:-1], *(n for n in sizes if n not in CHECKPOINT_FILES)]:
-            size = (path / name).stat().st_size
-            if name in sizes and sizes[name] != size:
-                return f"{name} has {size} bytes, state.json says {sizes[name]}"
+        json.loads(_read(path, "config.json"))
+        sizes, digests = meta.get("files", {}), meta.get("sha256", {})  # absent before issue 11 / hashes
+        if not isinstance(sizes, dict) or not isinstance(digests, dict):
+            return "state.json's file list is malformed"
+        names = [*CHECKPOINT_FILES[:-1], *(n for n in [*sizes, *digests] if n not in CHECKPOINT_FILES)]
+        for name in dict.fromkeys(names):
+            with _open(path, name) as f:
+                size = os.fstat(f.fileno()).st_size
+                if name in sizes and sizes[name] != size:
+                    return f"{name} has {size} bytes, state.json says {sizes[name]}"
+                if digests and name not in digests:
+                    return f"{name} has no sha256 in state.json"
+                if name in digests and hashlib.file_digest(f, "sha256").hexdigest() != digests[name]:
+                    return f"{name} does not match its sha256 in state.json (its bytes changed)"
             if name.endswith(".safetensors"):
-                _check_safetensors(path / name, size)
+                _check_safetensors(path, name, size)
+        bad = _non_finite(path / "model.safetensors")
+        if bad is not None:
+            return f"model.safetensors holds non-finite weights ({bad})"
     except FileNotFoundError as e:
-        return f"{Path(e.filename).name} is missing"
-    except (OSError, ValueError, TypeError, AttributeError) as e:
+        return f"{Path(e.filename).name if e.filename else 'a file'} is missing"
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{Path(e.filename).name if e.filename else 'a file'} is a symbolic link"
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (ValueError, TypeError, AttributeError) as e:
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return None
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """The sha256 of every file written under `directory` but state.json (which records them), by
+    its path relative to `directory`: whatever a save wrote (more optimizer files, extra files) is
+    covered without being listed here."""
+    out = {}
+    for parent, dirs, files in os.walk(directory):  # os.walk does not follow symbolic links
+        dirs.sort()
+        for name in sorted(files):
+            rel = Path(parent, name).relative_to(directory).as_posix()
+            if rel != "state.json":
+                with _open(directory, rel) as f:
+                    out[rel] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out
+
+
+def _open(root: Path, rel: str):
+    """File `rel` under `root` (its path relative to it), opened for reading without following a
+    symbolic link at any component (ELOOP, or ENOTDIR for a linked directory); `..` is refused."""
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"state.json names {len(rel)} characters that are not a file of the checkpoint")
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    try:
+        for part in parts[:-1]:
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=fd), fd
+            os.close(parent)
+        try:
+            file_fd = os.open(parts[-1], os.O_RDONLY | nofollow, dir_fd=fd)
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, rel) from None
+    finally:
+        os.close(fd)
+    return os.fdopen(file_fd, "rb")
+
+
+def _read(root: Path, rel: str) -> str:
+    with _open(root, rel) as f:
+        return f.read().decode()
+
+
+def _non_finite(path: Path) -> str | None:
+    """The first weight of a safetensors file that is NaN or infinite, named, else None; one tensor
+    in memory at a time."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return name
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type: the file is not what it says
+        raise ValueError(f"{path.name} cannot be read ({type(e).__name__})") from None
+    return None
+
+
+def check_finite(step: int, stats: dict, run_dir: str | Path) -> None:
+    """Stop the run with one line when step `step`'s loss or gradient norm is NaN or infinite: its
+    update made (or will make) the weights non-finite, and no checkpoint may hold them."""
+    bad = {k: stats[k] for k in ("loss", "grad_norm") if k in stats and not math.isfinite(stats[k])}
+    if bad:
+        root = Path(run_dir) / "checkpoints"
+        intact = next((p.name for p in _step_dirs(root) if verify_checkpoint(p) is None), None)
+        where = f"step {int(intact[5:])} is intact: --resume {run_dir} (with a lower algorithm.lr)" if intact \
+            else "no checkpoint was saved"
+        raise PoiseError(f"step {step}: the {' and '.join(f'{k} is {v}' for k, v in bad.items())} (non-finite); "
+                         f"the run stopped before saving it; {where}")
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
@@ -189,8 +322,8 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     for key, value in saved.items():
         name, field = key.split("::")
         by_param.setdefault(name, {})[field] = value
-    for name, fields in by_param.items():
-        optimizer.state[params[name]] = {k: v.clone() for k, v in fields.items()}
+    for name, fields in by_param.items():  # onto the parameter's device and dtype (issue 31)
+        optimizer.state[params[name]] = place_state(optimizer, params[name], fields)
     meta = json.loads((path / "state.json").read_text())
     torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
     return TrainState(step=meta["step"], weights_version=meta["weights_version"])
@@ -210,7 +343,8 @@ def _step_dirs(root: Path) -> list[Path]:
     """step_* directories, newest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := STEP_DIR.fullmatch(p.name)) and p.is_dir() and not p.is_symlink()]
     return [p for _, p in sorted(found, reverse=True)]
 
 
@@ -233,11 +367,19 @@ def _write_marker(root: Path, name: str, step: int) -> None:
 
 
 def _check_marker(root: Path) -> None:
-    """Refuse a `latest` marker that names anything but an entry of `checkpoints/` itself."""
+    """Refuse a `latest` marker that is a symbolic link or names anything but an entry of
+    `checkpoints/` itself. Its content is never printed (a marker linked to another file would
+    print that file)."""
     marker = root / MARKER
     try:
-        name = marker.read_text().strip()
-    except (OSError, ValueError):  # missing, unreadable, not text: the scan finds the checkpoint without it
+        with _open(root, MARKER) as f:
+            name = f.read(256).decode().strip()
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):
+            raise PoiseError(f"'{marker}' is a symbolic link; it must be a file naming a step_XXXXXX directory: "
+                             "delete it (resume finds the newest checkpoint without it)") from None
+        return  # missing, unreadable: the scan finds the checkpoint without it
+    except ValueError:  # not text
         return
     if "\0" in name:
         return  # zero-filled: what a crash can leave of a file whose size was written but not its data
@@ -247,23 +389,23 @@ def _check_marker(root: Path) -> None:
     except (OSError, RuntimeError):  # a symlink loop
         outside = True
     if name and outside:
-        raise PoiseError(f"'{marker}' names {name!r}, outside '{root}'; it must name a step_XXXXXX directory "
-                         "there: delete the file (resume finds the newest checkpoint without it)")
+        raise PoiseError(f"'{marker}' names a path outside '{root}'; it must name a step_XXXXXX directory there: "
+                         "delete the file (resume finds the newest checkpoint without it)")
 
 
-def _check_safetensors(path: Path, size: int) -> None:
+def _check_safetensors(root: Path, name: str, size: int) -> None:
     """The header parses and its tensors end exactly at the end of the file."""
-    with open(path, "rb") as f:
+    with _open(root, name) as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ValueError(f"{path.name} is truncated")
+            raise ValueError(f"{name} is truncated")
         n = struct.unpack("<Q", head)[0]
         if n > min(size - 8, 100_000_000):  # safetensors' own limit on a header
-            raise ValueError(f"{path.name} is truncated or not safetensors")
+            raise ValueError(f"{name} is truncated or not safetensors")
         header = json.loads(f.read(n))
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + n + end != size:
-        raise ValueError(f"{path.name} has {size} bytes, its header describes {8 + n + end}")
+        raise ValueError(f"{name} has {size} bytes, its header describes {8 + n + end}")
 
 
 def _fsync(path: Path) -> None:

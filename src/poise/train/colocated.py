@@ -6,6 +6,7 @@ version k, exact rewards, group-normalised advantages, one update -> version k +
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from poise import interrupt
 from poise.algo.advantages import group_advantages
 from poise.config import TrainConfig
-from poise.data.prompts import TaskSteps
+from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
 from poise.metrics import step_metrics
 from poise.rollout.engine import Engine
@@ -23,10 +24,11 @@ from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, rewar
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump
-from poise.train.checkpoint import (TrainState, checkpoint_dir, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                                    save_checkpoint)
+from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
+                                    prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
-from poise.train.setup import make_model, pin_threads
+from poise.train.determinism import bitwise_cuda
+from poise.train.setup import make_model, pin_threads, run_device
 from poise.train.trainer import PolicyTrainer
 from poise.types import Request, SampleId
 
@@ -37,17 +39,23 @@ class ColocatedLoop:
         self.run_dir = run_dir
         algo = cfg.algorithm
         pin_threads(cfg.cluster.threads_per_device, cfg.determinism == "bitwise")
+        self.device = run_device(cfg.cluster.device)  # before the reward sandbox: a missing GPU fails first
         torch.manual_seed(cfg.run.seed)
         # the reward sandbox starts first: a reward function that cannot load fails before any work
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
         self.tokenizer = self.steps.tokenizer
-        self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress)
+        self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress).to(self.device)
+        if cfg.determinism == "bitwise":  # a no-op on CPU
+            bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
         if algo.kl_coef > 0:
-            ref = make_model(cfg, self.tokenizer, progress=False).requires_grad_(False).eval()
+            ref = make_model(cfg, self.tokenizer, progress=False).to(self.device).requires_grad_(False).eval()
         self.trainer = PolicyTrainer(self.model, algo, self.tokenizer.pad_id, ref)
         # The engine runs the trainer's own modules: colocated weights need no sync.
-        self.engine = Engine(self.model, cfg.rollout, algo.sampling, cfg.run.seed, self.tokenizer.eos_id)
+        context = fitted_context(cfg.model, cfg.rollout.max_context, self.steps.longest_prompt(),
+                                 algo.sampling.max_new_tokens)  # the KV cache the run's prompts need
+        self.engine = Engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
+                             cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
         self.t0 = time.perf_counter()
 
@@ -90,6 +98,7 @@ class ColocatedLoop:
         advantages = self.advantages(rewards, step, len(problems))
         t_score = self.now()
         stats = self.train(samples, advantages)
+        check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
         t_end = self.now()
         metrics = step_metrics(step, samples, rewards, problems, stats,
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})

@@ -12,6 +12,7 @@ import torch
 from poise.config import ClusterConfig, TrainConfig
 from poise.errors import PoiseError
 from poise.data.tokenizer import Tokenizer
+from poise.errors import PoiseError
 from poise.model.loading import build_tiny, load_model
 from poise.train.sft import run_sft
 
@@ -42,25 +43,37 @@ def _deterministic_algorithms() -> None:
         fill(False)
 
 
-def check_device(cluster: ClusterConfig) -> None:
-    """`cluster.device: cuda` on this machine: a CUDA build of torch that sees the GPUs and has
-    NCCL (the train group's backend), checked before Ray starts; otherwise every device actor
-    fails minutes later with a Ray traceback. A joined cluster's GPUs are on its nodes, not
-    necessarily here: that case is left to the actors."""
-    if cluster.device != "cuda" or cluster.address:
+def check_device(cluster: ClusterConfig, colocated: bool) -> None:
+    """`cluster.device: cuda` on this machine, before Ray starts: a torch that can use a GPU, and,
+    for a disaggregated job whose devices hold whole GPUs, NCCL (the train group's backend there:
+    runtime.cluster.collective_backend). Otherwise every device actor fails minutes later with a
+    Ray traceback. A joined cluster's GPUs are on its nodes, not necessarily here: left to the
+    actors. The GPU count is checked when Ray starts (runtime.cluster.check_gpu_count)."""
+    if cluster.device != "cuda" or (cluster.address and not colocated):
         return
     import torch.distributed as dist
 
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
         raise PoiseError(f"cluster.device=cuda but no CUDA device is usable here ({build}); install a CUDA build "
-                         "of torch on a machine with GPUs, or set cluster.device=cpu")
-    if not dist.is_available() or not dist.is_nccl_available():
+                         "of torch on a machine with GPUs (README, GPUs), or set cluster.device=cpu")
+    if not colocated and cluster.gpus_per_device >= 1 and not (dist.is_available() and dist.is_nccl_available()):
         raise PoiseError(f"cluster.device=cuda but torch {torch.__version__} has no NCCL built in (the train "
-                         "group's backend); install a CUDA build of torch with NCCL, or set cluster.device=cpu")
-    if torch.cuda.device_count() < cluster.devices + cluster.reserve_devices:
-        raise PoiseError(f"cluster.devices={cluster.devices} (+ reserve_devices={cluster.reserve_devices}) but this "
-                         f"machine has {torch.cuda.device_count()} CUDA devices; lower cluster.devices")
+                         "group's backend between whole GPUs); install a CUDA build of torch with NCCL, or set "
+                         "cluster.device=cpu")
+
+
+def run_device(device: str) -> torch.device:
+    """The torch device of a process of `cluster.device` (a Ray actor sees its own GPU as cuda:0),
+    touched once so that a missing GPU or a CPU-only torch fails here, before any work."""
+    target = torch.device("cuda", 0) if device == "cuda" else torch.device("cpu")
+    try:
+        torch.empty(0, device=target)
+    except (AssertionError, RuntimeError) as e:  # a CPU-only build raises AssertionError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PoiseError(f"cluster.device={device}, but torch {torch.__version__} cannot use it here ({first}); "
+                         "install a CUDA build of torch (README, GPUs) or set cluster.device=cpu") from None
+    return target
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:

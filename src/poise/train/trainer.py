@@ -38,12 +38,18 @@ class SampleLike(Protocol):
 @dataclass
 class MicroBatchResult:
     index: int
-    grads: list[torch.Tensor]  # one per trainable parameter, in named_parameters order
+    flat_grad: torch.Tensor  # [P] float32: every trainable parameter's gradient, in named_parameters order
     normaliser: float
     loss_sum: float
     clipped_tokens: int
     kl_sum: float
     tokens: int
+    shapes: tuple[torch.Size, ...] = ()  # of the parameters, to view flat_grad per parameter
+
+    @property
+    def grads(self) -> list[torch.Tensor]:
+        """flat_grad as one view per parameter."""
+        return param_views(self.flat_grad, self.shapes)
 
     def stats(self) -> MicroStats:
         return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens)
@@ -127,8 +133,23 @@ def unflatten(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return out.index_put((batch.scatter_at.to(flat.device),), flat).view_as(batch.mask)
 
 
+def param_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    """A flat [P] tensor as one view per parameter shape, in order."""
+    views, offset = [], 0
+    for shape in shapes:
+        n = shape.numel()
+        views.append(flat[offset:offset + n].view(shape))
+        offset += n
+    return views
+
+
 class PolicyTrainer:
-    """Holds the policy, the optional frozen reference, and the AdamW optimizer."""
+    """Holds the policy, the optional frozen reference, and the AdamW optimizer.
+
+    A micro-batch's gradient lands in one flat buffer parameter by parameter as the backward pass
+    produces it (a post-accumulate-grad hook copies it and frees it): the backward never holds a
+    per-parameter gradient list beside the flat copy the reduction needs.
+    """
 
     def __init__(self, model: torch.nn.Module, cfg: AlgorithmConfig, pad_id: int,
                  ref_model: torch.nn.Module | None = None):
@@ -145,6 +166,13 @@ class PolicyTrainer:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shapes = tuple(p.shape for p in self.params)
+        self.numel = sum(p.numel() for p in self.params)
+        self._grad_target: torch.Tensor | None = None  # the flat buffer of the backward in progress
+        offset = 0
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self._flat_hook(offset))
+            offset += p.numel()
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            foreach=False)
@@ -169,10 +197,21 @@ class PolicyTrainer:
         old = unflatten(batch.old_logprobs.to(device), batch)
         loss = grpo_loss(logp, old, advantages, mask, self.cfg.clip_eps, self.cfg.kl_coef, ref,
                          self.cfg.loss_agg)
-        grads = torch.autograd.grad(loss.total, self.params, allow_unused=True)
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
-        return MicroBatchResult(index, grads, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
-                                loss.kl_sum, int(mask.sum()))
+        flat = torch.zeros(self.numel, dtype=torch.float32, device=device)  # a parameter without gradient: 0
+        self._grad_target = flat
+        try:
+            loss.total.backward()
+        finally:
+            self._grad_target = None
+        return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
+                                loss.kl_sum, int(mask.sum()), self.shapes)
+
+    def _flat_hook(self, offset: int):
+        def hook(p: torch.Tensor) -> None:
+            if self._grad_target is not None:  # a backward of micro_batch_grad: move the gradient into the buffer
+                self._grad_target[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = None
+        return hook
 
     def apply_update(self, summed_grads: list[torch.Tensor], normaliser: float) -> float:
         """Divide the tree-summed gradient by the step's normaliser, clip, and take one AdamW step.
@@ -200,17 +239,16 @@ class PolicyTrainer:
                                f"plan expects exactly {len(plan.sample_ids)} ids, (step, 0..{plan.prompts - 1}, "
                                f"0..{plan.group_size - 1})")
         results, norms = [], []
-        add = lambda a, b: [x + y for x, y in zip(a, b)]  # noqa: E731
         for mini in plan.minis:
             m = len(mini.micro)
-            tree = TreeAccumulator(add)  # about log2(m) + 1 gradients held, never m
+            tree = TreeAccumulator(torch.add)  # about log2(m) + 1 gradients held, never m
             for i, ids in enumerate(mini.micro):
                 result = self.micro_batch_grad(i, [by_id[sid] for sid in ids],
                                                torch.tensor([advantages[sid] for sid in ids], dtype=torch.float32))
-                tree.push(i, result.grads, m)
-                result.grads = []
+                tree.push(i, result.flat_grad, m)
+                result.flat_grad = torch.empty(0)
                 results.append(result)
-            summed = combine(tree.nodes(m), m, add)
+            summed = param_views(combine(tree.nodes(m), m, torch.add), self.shapes)
             lengths = [[len(by_id[sid].token_ids) for sid in ids] for ids in mini.micro]
             norms.append(self.apply_update(summed, loss_normaliser(lengths, cfg.loss_agg)))
         return step_stats([r.stats() for r in results], norms)

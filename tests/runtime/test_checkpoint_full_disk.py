@@ -1,0 +1,45 @@
+"""A full disk while a train device saves a checkpoint (the disaggregated runtime): the run stops with
+one line and exit status 2 (the device's CheckpointSaveError, not Ray's traceback), the devices are
+released, and the previous checkpoint is intact. The disk is a tmpfs sized for one checkpoint and a
+half (root only)."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from poise.errors import PoiseError
+from poise.runtime.driver import train_disaggregated
+from poise.train.checkpoint import CheckpointSaveError, latest_checkpoint
+
+from fault_runs import config
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, warm_start):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("cannot mount a tmpfs here (not root); tests/train/test_checkpoint_verified.py injects ENOSPC")
+    sizing = tmp_path / "sizing"
+    train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
+    used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
+    one = sum(p.stat().st_size for p in (sizing / "checkpoints" / "step_000001").iterdir())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = used + one // 2 + (256 << 10)  # the run's files and one checkpoint fit; a second does not
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mount refused a tmpfs here; tests/train/test_checkpoint_verified.py injects ENOSPC")
+    try:
+        run_dir = disk / "run"
+        with pytest.raises(PoiseError) as err:
+            train_disaggregated(config(run_dir, warm_start, "run.steps=3", "cluster.split=[1,1]",
+                                       "cluster.devices=2"))
+        assert isinstance(err.value, CheckpointSaveError), repr(err.value)[:2000]
+        assert str(err.value) == (f"disk full while saving step 2; step 1 is intact; free space and --resume "
+                                  f"{run_dir.resolve()}")
+        assert err.value.exit_code == 2
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000001"]
+        assert latest_checkpoint(run_dir).name == "step_000001"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
