@@ -37,6 +37,33 @@ def truncate_logs(run_dir: Path, steps_done: int) -> None:
             _keep_lines(path, lambda row: not (isinstance(row.get("step"), int) and row["step"] >= steps_done))
 
 
+def run_clock(run_dir: Path) -> float:
+    """Where a resumed run's clock starts: the latest time its kept events reach (call after
+    truncate_logs). One clock across resumes: the first segment's events keep their times and
+    the next segment's continue after them, so a report draws each step once, in order; the time
+    between the segments (the run was not running) is left out."""
+    path, latest = run_dir / "events.jsonl", 0.0
+    if not path.is_file():
+        return latest
+    with open(path) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # truncate_logs dropped torn lines; nothing else is written yet
+            if isinstance(event, dict):
+                for key in ("t", "end", "finish"):
+                    if isinstance(event.get(key), (int, float)):
+                        latest = max(latest, float(event[key]))
+    return latest
+
+
+def resume_line(run_dir: Path, checkpoint: Path, step: int) -> str:
+    """What `poise train --resume` says before its first step (steps count from 0 everywhere: the
+    checkpoint after N steps is step_N, and the next step is step N)."""
+    return f"poise: resuming {run_dir} from step {step} (checkpoint {checkpoint.name})"
+
+
 def _keep_lines(path: Path, keep) -> None:
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
     with open(path, "rb") as src, open(tmp, "wb") as dst:

@@ -87,7 +87,24 @@ def test_a_log_without_rewards_or_lengths_draws_no_curves(tmp_path):
 
 def test_the_page_escapes_values_from_the_log(tmp_path):
     _write_run(tmp_path, decision_reason="<script>alert(1)</script> & more")
+    with RunLog(tmp_path, append=True) as log:  # and a phase name that would close the timeline's script
+        log.event("interval", 4.0, device=1, role="train", phase="</script><script>alert(2)</script>", step=3,
+                  start=3.0, end=4.0)
     page = draw_report(tmp_path)["html"].read_text()
-    assert "<script>" not in page and "<b>" not in page
+    assert "alert(1)</script>" not in page and "alert(2)</script>" not in page and "<b>" not in page
+    assert page.count("<script") == 2 and page.count("</script>") == 2  # the timeline's data and code only
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; more" in page
     assert "&lt;b&gt;1:1&lt;/b&gt;" in page
+
+
+def test_the_reward_band_is_the_standard_error_of_the_mean(tmp_path):
+    """For 0/1 rewards p10-p90 spans 0-1 whatever the step; the standard error says how sure the
+    mean is. By hand: step 0 = eight 0s and two 1s, mean 0.2, sample std sqrt(1.6 / 9) = 0.4216,
+    s.e. 0.4216 / sqrt(10) = 0.1333."""
+    _write_run(tmp_path)
+    rewards = step_curves(list(read_jsonl(tmp_path / "events.jsonl")), [], "reward", "reward_mean", band="sem")
+    assert rewards["mean"] == pytest.approx([0.2, 0.5, 0.95])
+    sem = [np.sqrt(1.6 / 9) / np.sqrt(10), np.sqrt(2.5 / 9) / np.sqrt(10), np.sqrt(0.225 / 9) / np.sqrt(10)]
+    assert sem[0] == pytest.approx(0.13333, abs=1e-5)
+    assert rewards["low"] == pytest.approx([m - e for m, e in zip(rewards["mean"], sem)])
+    assert rewards["high"] == pytest.approx([m + e for m, e in zip(rewards["mean"], sem)])

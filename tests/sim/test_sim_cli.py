@@ -47,3 +47,26 @@ def test_simulate_plan_sweep_report_end_to_end(tmp_path):
     rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"]
     assert [row["params"]["controller.consecutive"] for row in rows] == [1, 3]
     assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 1000
+
+
+def test_sweep_bad_key_fails_before_any_simulation(tmp_path):
+    """A long scenario: had the static baseline run first, this would take minutes."""
+    import time
+
+    start = time.monotonic()
+    r = poise("sweep", "dynaresize-8xh20", "steps=200000", "--param", "controller.threshhold=0.1,0.3",
+              f"--out={tmp_path}/sweep")
+    assert time.monotonic() - start < 30
+    assert_one_line_error(r, "--param controller.threshhold", "did you mean 'threshold'")
+    assert r.stdout == ""  # no simulation, not even the static baseline, printed anything
+    r = poise("sweep", "dynaresize-8xh20", "steps=200000", "--param", "threshold=fast", f"--out={tmp_path}/sweep")
+    assert_one_line_error(r, "controller.threshold")  # a bad value too
+
+
+def test_sweep_takes_the_short_names_of_its_help(tmp_path):
+    r = poise("sweep", "--help")
+    assert "threshold = controller.threshold" in " ".join(r.stdout.split())
+    r = poise("sweep", "dynaresize-8xh20", "steps=30", "--param", "threshold=0.05,0.3", f"--out={tmp_path}/sweep")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["rows"]
+    assert [row["params"]["controller.threshold"] for row in rows] == [0.05, 0.3]

@@ -2,7 +2,7 @@
 engine's decode and prefill, the trainer's update, and (with --resize) live and hard resizes.
 
     poise profile                              # the built-in tiny Qwen2, CPU
-    poise profile --resize --out runs/profile.json   # + resizes of a real 4-device job (~1 min)
+    poise profile --resize --out runs/profile.json   # + resizes of a real 4-device job (2-6 min)
     poise profile --model runs/sft/model --device cuda --dtype bfloat16 --out profile.json
 
 The simulator's cost model reads the file (`cost.profile: profile.json`), and so does the resize
@@ -44,7 +44,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
                         help="skip the trainer's table (forward+backward+optimizer per update)")
     parser.add_argument("--resize", action="store_true",
                         help="also measure live and hard resizes on a real 4-device Ray job of this model "
-                             "(starts Ray; about a minute on 2 CPU cores)")
+                             "(starts Ray; 2-6 minutes on 2 CPU cores)")
     parser.add_argument("--resize-devices", type=int, default=4,
                         help="devices of the --resize job (default: %(default)s)")
 

@@ -26,7 +26,8 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario name or YAML")
     parser.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
     parser.add_argument("--param", action="append", default=None,
-                        help="key=v1,v2,... to sweep (repeatable); default: threshold x consecutive x cooldown")
+                        help="key=v1,v2,... to sweep (repeatable); a key without a dot is the controller's "
+                             "(threshold = controller.threshold); default: " + " ".join(DEFAULT_PARAMS))
     parser.add_argument("--out", default=None, help="output directory (default: runs/sweep-<scenario>)")
 
 
@@ -39,14 +40,27 @@ def _parse(items: list[str]) -> dict[str, list]:
         values = [yaml.safe_load(v) for v in raw.split(",") if v != ""]
         if not values:
             raise PoiseError(f"--param '{item}' has no values; write e.g. {key}=1,3,5")
-        grid[key.strip()] = values
+        key = key.strip()
+        grid[key if "." in key else f"controller.{key}"] = values  # the short names of --help
     return grid
+
+
+def _check_grid(scenario: str, fixed: list[str], grid: dict[str, list]) -> None:
+    """Every swept key and value loads into the scenario, before the first (possibly long)
+    simulation: a typo fails in a second, not after the static baseline has run."""
+    for key, values in grid.items():
+        for value in values:
+            try:
+                load_scenario(scenario, fixed + [f"{key}={value}"])
+            except PoiseError as e:
+                raise PoiseError(f"--param {key}: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     grid = _parse(args.param or DEFAULT_PARAMS)
     quiet = ["log.samples=false", "log.intervals=none"]
     base = load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=controller"])
+    _check_grid(args.scenario, args.overrides + quiet + ["resize.policy=controller"], grid)
     out = Path(args.out or f"runs/sweep-{base.name}")
     out.mkdir(parents=True, exist_ok=True)
     static = simulate(load_scenario(args.scenario, args.overrides + quiet + ["resize.policy=static"]))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
+from poise import interrupt
 from poise.errors import PoiseError
 
 
@@ -36,24 +38,39 @@ def run(args: argparse.Namespace) -> int:
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
                          "run.tensorboard=false")
+    if cfg.cluster.compute == "real":
+        from poise.train.setup import check_device
+
+        check_device(cfg.cluster, cfg.pipeline.mode == "colocated")  # a GPU (and NCCL), before Ray starts
     if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
         from poise.data.prompts import check_prompts
 
-        # a bad dataset row or a prompt too long for the context stops here, before the run directory
+        # a bad dataset row, a prompt too long for the context or a tokenizer larger than the
+        # model's vocabulary stops here, before the run directory
         check_prompts(cfg.data, cfg.model, cfg.run.seed, cfg.rollout.max_context,
                       cfg.algorithm.sampling.max_new_tokens)
         from poise.rewards.scorer import check_rewards
 
         check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
 
-    if cfg.pipeline.mode == "colocated":
-        from poise.train.colocated import train_colocated
+    interrupt.install(Path(cfg.run.dir))  # Ctrl-C / SIGTERM: see poise.interrupt
+    try:
+        if cfg.pipeline.mode == "colocated":
+            from poise.train.colocated import train_colocated
 
-        rows = train_colocated(cfg, resume=bool(args.resume))
-    else:
-        from poise.runtime.driver import train_disaggregated
+            rows = train_colocated(cfg, resume=bool(args.resume))
+        else:
+            from poise.runtime.driver import train_disaggregated
 
-        rows = train_disaggregated(cfg, resume=bool(args.resume))
+            rows = train_disaggregated(cfg, resume=bool(args.resume))
+    except interrupt.Stopped as e:
+        print(f"poise: {signal.Signals(e.signum).name}: stopped after {e.steps_done} steps, checkpoint "
+              f"{e.checkpoint.name} written; resume with: poise train --resume {cfg.run.dir}", file=sys.stderr)
+        return 128 + e.signum
+    if rows and args.resume:  # the whole run, not only this segment: metrics.jsonl holds every step once
+        from poise.runlog import read_jsonl
+
+        rows = sorted(read_jsonl(Path(cfg.run.dir) / "metrics.jsonl"), key=lambda r: r["step"])
     if rows:
         first = rows[: min(5, len(rows))]
         last = rows[-min(5, len(rows)):]

@@ -138,6 +138,25 @@ def check_prompts(data: DataConfig, model: ModelConfig, seed: int, max_context: 
     """The input errors of a run, before any work: the tokenizer loads, every dataset row is well
     formed, and each row's prompt plus max_new_tokens fits in the engine's context."""
     steps = TaskSteps(data, model, seed, prompts_per_step=1)
+    check_vocab(data, model, steps.tokenizer)
     context = engine_context(model, max_context)
     if context is not None:
         steps.check_fit(context, max_new_tokens)
+
+
+def check_vocab(data: DataConfig, model: ModelConfig, tokenizer: Tokenizer) -> None:
+    """The tokenizer's ids all index the model's embedding, read from config.json (no weights):
+    otherwise the first prompt fails deep in the engine, after Ray and the model have started."""
+    if model.path is None:
+        return  # the tiny model is built with the tokenizer's vocabulary
+    config = Path(model.path, "config.json")
+    if not config.is_file():
+        return  # SFT makes it from this tokenizer (model.sft_if_missing), or the loader reports it missing
+    try:
+        model_vocab = int(json.loads(config.read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # a broken config.json: the model loader says what is wrong
+    if tokenizer.vocab_size > model_vocab:
+        raise PoiseError(f"data.tokenizer '{data.tokenizer}' has {tokenizer.vocab_size} tokens but model.path "
+                         f"'{model.path}' embeds {model_vocab}; use the model's own tokenizer (data.tokenizer: model) "
+                         "or a model trained with this tokenizer")

@@ -2,11 +2,15 @@
 
     paths = draw_report(run_dir, out_dir=None)   # default out_dir: RUN_DIR/report/
 
-Figures: per-device timeline (role bars: rollout, train, resize phases; gaps are idle), step
-time, split over time, throughput, and the learning curves: reward and response length per step
-(mean and the p10-p90 band over the step's samples). Reads only events.jsonl, metrics.jsonl and
-(if present) summary.json, so a real run and a simulation are drawn by the same code. matplotlib
-with the Agg backend: no display needed.
+The page opens with one summary table, the same for a real run and a simulation (report/summary.py),
+then an interactive timeline (report/timeline.py: zoom and pan, self-contained, nothing fetched when
+viewed) and the figures: per-device timeline (the static copy), step time, split per step,
+throughput, and the learning curves: reward per step (mean and +-1 standard error over the step's
+samples: for 0/1 rewards a percentile band would span 0-1) and response length (mean and the
+p10-p90 band). Steps count from 0 everywhere, as in metrics.jsonl; a resize between steps k and
+k+1 is "before step k+1", as `resize.schedule`'s `at_step` says. Reads only events.jsonl,
+metrics.jsonl and (if present) summary.json, so a real run and a simulation are drawn by the same
+code. matplotlib with the Agg backend: no display needed.
 """
 
 from __future__ import annotations
@@ -116,7 +120,8 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     paths = {}
     xs = [s["step"] for s in steps]
     step_s = [s["end"] - s["start"] for s in steps]
-    resize_steps = [e.get("step") for e in events if e.get("kind") == "resize"]
+    # a resize happens after its `step` and before the next: drawn between the two
+    resize_steps = [e["step"] + 0.5 for e in events if e.get("kind") == "resize" and isinstance(e.get("step"), int)]
 
     fig, ax = plt.subplots(figsize=(10, 3.2))
     ax.plot(xs, step_s, lw=1.2, label="step time")
@@ -128,18 +133,21 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.set_title("Step time (dashed: resizes)")
-    ax.legend(fontsize=8)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _legend_outside(ax)
     paths["step_time"] = _save(fig, out / "step_time.png")
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
-    ts = [s["end"] for s in steps]
     splits = [s.get("split") or [None, None] for s in steps]
-    ax.step(ts, [sp[0] for sp in splits], where="post", label="rollout devices", color=ROLE_COLORS["rollout"])
-    ax.step(ts, [sp[1] for sp in splits], where="post", label="train devices", color=ROLE_COLORS["train"])
-    ax.set_xlabel("seconds from run start")
+    # steps on x, as the other figures (the timeline has the seconds)
+    ax.step(xs, [sp[0] for sp in splits], where="mid", label="rollout devices", color=ROLE_COLORS["rollout"])
+    ax.step(xs, [sp[1] for sp in splits], where="mid", label="train devices", color=ROLE_COLORS["train"])
+    ax.set_xlabel("step")
     ax.set_ylabel("devices")
-    ax.set_title("Split over time")
-    ax.legend(fontsize=8)
+    ax.set_title("Split per step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    _legend_outside(ax)
     paths["split"] = _save(fig, out / "split.png")
 
     fig, ax = plt.subplots(figsize=(10, 2.8))
@@ -157,13 +165,21 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     return paths
 
 
-BAND = (10.0, 90.0)  # the percentile band drawn around each learning curve's mean
+BAND = (10.0, 90.0)  # the percentile band drawn around the response length's mean
 
 
-def step_curves(events: list[dict], metrics: list[dict], field: str, fallback: str) -> dict[str, list[float]]:
-    """Per step: mean and p10/p90 of `field` ("reward", "output_length") over the step's `sample`
-    events; a log whose samples lack `field` gives the mean from metrics.jsonl's `fallback` key and
-    no band. Returns {"step", "mean", "low", "high"} lists (low/high empty without a band)."""
+def _legend_outside(ax) -> None:
+    """The legend right of the axes, never over a curve."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+
+
+def step_curves(events: list[dict], metrics: list[dict], field: str, fallback: str,
+                band: str = "percentile") -> dict[str, list[float]]:
+    """Per step: the mean of `field` ("reward", "output_length") over the step's `sample` events and
+    a band: `percentile` p10-p90, or `sem` mean +- 1 standard error of the mean (what says how
+    sure the mean is when the values are 0 or 1). A log whose samples lack `field` gives the mean
+    from metrics.jsonl's `fallback` key and no band. Returns {"step", "mean", "low", "high"} lists
+    (low/high empty without a band)."""
     import numpy as np
 
     by_id: dict[tuple, tuple[int, float]] = {}  # a step replayed after --resume logs its samples again
@@ -176,7 +192,12 @@ def step_curves(events: list[dict], metrics: list[dict], field: str, fallback: s
             per_step.setdefault(step, []).append(value)
         steps = sorted(per_step)
         values = [np.asarray(per_step[k]) for k in steps]
-        return {"step": steps, "mean": [float(v.mean()) for v in values],
+        means = [float(v.mean()) for v in values]
+        if band == "sem":
+            sem = [float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0 for v in values]
+            return {"step": steps, "mean": means, "low": [m - e for m, e in zip(means, sem)],
+                    "high": [m + e for m, e in zip(means, sem)]}
+        return {"step": steps, "mean": means,
                 "low": [float(np.percentile(v, BAND[0])) for v in values],
                 "high": [float(np.percentile(v, BAND[1])) for v in values]}
     rows = [m for m in metrics if isinstance(m.get(fallback), (int, float))]
@@ -187,22 +208,23 @@ def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[st
     """Reward and response length per step; a log with neither (a simulation has no rewards) draws none."""
     plt = _plt()
     paths = {}
-    for name, field, fallback, ylabel, color in (
-            ("reward", "reward", "reward_mean", "reward", "#8172B2"),
-            ("response_length", "output_length", "response_len_mean", "response tokens", "#4C72B0")):
-        curve = step_curves(events, metrics, field, fallback)
+    for name, field, fallback, ylabel, color, band, band_label in (
+            ("reward", "reward", "reward_mean", "reward", "#8172B2", "sem", "+-1 standard error of the mean"),
+            ("response_length", "output_length", "response_len_mean", "response tokens", "#4C72B0", "percentile",
+             f"p{BAND[0]:.0f}-p{BAND[1]:.0f} over the step's samples")):
+        curve = step_curves(events, metrics, field, fallback, band)
         if not curve["step"]:
             continue
         fig, ax = plt.subplots(figsize=(10, 3.0))
         ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="mean")
         if curve["low"]:
             ax.fill_between(curve["step"], curve["low"], curve["high"], color=color, alpha=0.25, lw=0,
-                            label=f"p{BAND[0]:.0f}-p{BAND[1]:.0f} over the step's samples")
+                            label=band_label)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ylabel.capitalize()} per step")
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=8)
+        _legend_outside(ax)
         paths[name] = _save(fig, out / f"{name}.png")
     return paths
 
@@ -222,14 +244,18 @@ def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[
 
 
 def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
-    summary = run["summary"]
-    rows = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(json.dumps(v))}</td></tr>"
-                   for k, v in summary.items() if k != "resizes")
+    from poise.report.summary import run_summary
+    from poise.report.timeline import timeline_section
+
+    esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
+    summary_rows = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td>{esc(v)}</td></tr>"
+                           for k, v in run_summary(run["events"], run["metrics"]))
+    simulated = "".join(f"<tr><td>{esc(k)}</td><td>{esc(_value(v))}</td></tr>"
+                        for k, v in run["summary"].items() if k not in ("resizes", "joins"))
     decisions = [e for e in run["events"] if e.get("kind") == "decision" and e.get("what") == "resize"
                  and e.get("action", "resize") == "resize"]
-    esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
     resize_rows = "".join(
-        f"<tr><td>{esc(d.get('step'))}</td><td>{esc(d.get('from'))}</td><td>{esc(d.get('to'))}</td>"
+        f"<tr><td>{esc(_before(d.get('step')))}</td><td>{esc(d.get('from'))}</td><td>{esc(d.get('to'))}</td>"
         f"<td>{esc(_num(d.get('predicted_gain_s')))}</td><td>{esc(_num(d.get('predicted_cost_s')))}</td>"
         f"<td>{esc(d.get('reason'))}</td></tr>" for d in decisions)
     imgs = "".join(f'<h2>{esc(name.replace("_", " "))}</h2><img src="{esc(p.name)}" style="max-width:100%">'
@@ -237,14 +263,36 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>poise report: "
             f"{html.escape(run_dir.name)}</title></head><body style='font-family:sans-serif'>"
             f"<h1>{html.escape(str(run_dir))}</h1>"
-            f"<table border=1 cellpadding=3>{rows}</table>"
-            f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>after step</th>"
+            f"<h2>summary</h2><table border=1 cellpadding=3 id='summary'>{summary_rows}</table>"
+            + (f"<h2>simulator summary</h2><table border=1 cellpadding=3>{simulated}</table>" if simulated else "")
+            + f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>before step</th>"
             f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"
-            f"{resize_rows}</table>{imgs}</body></html>")
+            f"{resize_rows}</table>{timeline_section(run['events'])}{imgs}</body></html>")
+
+
+def _before(step: Any) -> Any:
+    """A decision observed step k; its resize comes before step k + 1 (`at_step: k + 1`)."""
+    return step + 1 if isinstance(step, int) else step
 
 
 def _num(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, (int, float)) else "" if value is None else str(value)
+
+
+def _value(value: Any) -> str:
+    """A summary.json value as a reader wants it: numbers to 4 significant digits, lists and dicts
+    with their numbers rounded the same way."""
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_value(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value)
 
 
 def draw_sweep(rows: list[dict[str, Any]], param: str, metric: str, path: Path) -> None:

@@ -7,12 +7,15 @@ a cluster that does not answer is a clear error within `connect_timeout_s`, neve
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -35,8 +38,43 @@ def _check_address_answers(address: str, timeout_s: float) -> None:
                          "(`ray start --head`) or drop cluster.address to run a local Ray") from None
 
 
-def connect(cfg: ClusterConfig) -> None:
-    """ray.init for this job, once per process (a test session shares one local Ray)."""
+@contextlib.contextmanager
+def _output_to(log: Path | None) -> Iterator[None]:
+    """Ray's start-up lines ("Token authentication is enabled ...", which stays on) go to the run's
+    log file, not the console: this process's stdout and stderr point there while Ray starts, and
+    the Ray services started meanwhile keep writing there. Actor output reaches the console after."""
+    if log is None:
+        yield
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def connect(cfg: ClusterConfig, log: Path | None = None) -> None:
+    """ray.init for this job, once per process (a test session shares one local Ray); Ray's own
+    start-up output goes to `log` (RUN_DIR/ray.log) if given."""
+    with _output_to(None if ray.is_initialized() else log):
+        warning = _connect(cfg)
+    if warning:
+        print(f"poise: warning: {warning}", file=sys.stderr)
+
+
+def _connect(cfg: ClusterConfig) -> str | None:
+    """Start or join Ray; returns a warning for the console, if any."""
     if cfg.address:
         _check_address_answers(cfg.address, cfg.connect_timeout_s)
         host = cfg.address.rpartition(":")[0].removeprefix("ray://")
@@ -45,7 +83,7 @@ def connect(cfg: ClusterConfig) -> None:
             raise PoiseError(f"cluster.address '{cfg.address}' is another host, but this process runs Ray in "
                              "loopback-only mode; export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1 to join it")
     if ray.is_initialized():
-        return
+        return None
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if cfg.address:
         error: list[BaseException] = []
@@ -64,16 +102,17 @@ def connect(cfg: ClusterConfig) -> None:
             raise PoiseError(f"cannot join Ray cluster at '{cfg.address}': {why}; check the address or drop "
                              "cluster.address to run a local Ray")
         if not token_auth():
-            print(f"poise: warning: joined the Ray cluster at '{cfg.address}' without token authentication: anyone "
-                  "who reaches its ports can run code in this job; start it with RAY_AUTH_MODE=token "
-                  "(https://docs.ray.io/en/latest/ray-security/token-auth.html)", file=sys.stderr)
-        return
+            return (f"joined the Ray cluster at '{cfg.address}' without token authentication: anyone who reaches "
+                    "its ports can run code in this job; start it with RAY_AUTH_MODE=token "
+                    "(https://docs.ray.io/en/latest/ray-security/token-auth.html)")
+        return None
     devices = cfg.devices + cfg.reserve_devices
     if cfg.device == "cuda":
         check_gpu_count(cfg, detected_gpus())
     # Ray counts the GPUs itself: telling it `devices` would pass the placement check and fail later
     # in every actor with "no CUDA GPUs" / "invalid device ordinal"
     start_local(num_cpus=max(devices, os.cpu_count() or 1))
+    return None
 
 
 def detected_gpus() -> int | None:

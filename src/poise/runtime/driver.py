@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
+from poise import interrupt
 from poise.errors import PoiseError
 from poise.metrics import step_metrics
 from poise.policy.controller import ResizeController, ResizePolicy, StepObservation, make_resize_policy
@@ -33,7 +34,7 @@ from poise.policy.plan import StepPlan, plan_step
 from poise.policy.split import Split
 from poise.rewards.functions import resolve_functions
 from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log_failures, reward_metrics
-from poise.rundir import prepare_run_dir, truncate_logs
+from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.runtime import faults
 from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
@@ -44,8 +45,8 @@ from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump
-from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, decode_samples, encode_samples,
-                                    latest_checkpoint, prune_checkpoints)
+from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
+                                    encode_samples, latest_checkpoint, prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
@@ -72,7 +73,7 @@ class Runtime:
                  emulation=None, run_dir: Path | None = None):
         self.cfg = cfg
         c, algo = cfg.cluster, cfg.algorithm
-        connect(c)
+        connect(c, run_dir / "ray.log" if run_dir is not None else None)  # Ray's start-up lines: not the console
         # checkpoints in the driver's run.dir, through the driver for a node that does not see it;
         # an emulated device writes no files
         self.store = CheckpointStore(run_dir or Path(cfg.run.dir), "shared" if emulation is not None else c.storage,
@@ -217,7 +218,8 @@ class Driver:
     # --- the loop ------------------------------------------------------------------------------
     def run(self, log: RunLog) -> list[dict]:
         cfg, rows = self.cfg, []
-        with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar:
+        with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar, \
+                interrupt.graceful(self.run_dir):
             for step in range(self.start_step, cfg.run.steps):
                 t_start = self.now()
                 problems = self.source.problems(step)
@@ -229,10 +231,13 @@ class Driver:
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
                                     (t_start, t_gen, t_train, t_end), sync_s)
                 rows.append(row)
-                self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1))
+                stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
+                self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
+                bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                if stop:
+                    raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
                 self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
                 self.scale.after_step(log, step, (t_start, t_gen, t_train, t_end), micro, updates, self.version)
-                bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
         return rows
 
     def train_step(self, log: RunLog, step: int, problems: list[Problem]):
@@ -474,9 +479,10 @@ class Driver:
             self.policy.resized(report.critical_path_s)
         self.pending_resize = None
 
-    def checkpoint(self, log: RunLog, done: int) -> None:
+    def checkpoint(self, log: RunLog, done: int, force: bool = False) -> None:
+        """After `done` steps: every run.checkpoint_every, at the end, and when a signal stops the run."""
         run = self.cfg.run
-        if done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
+        if force or done == run.steps or (run.checkpoint_every and done % run.checkpoint_every == 0):
             log.flush()  # the events of the steps this checkpoint covers are on disk before it is
             self.injector.at(self.rt, "checkpoint", done - 1)
             extra = None
@@ -629,6 +635,8 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             driver.start_step, driver.version = states[0]
             driver.restore_pending(checkpoint)
             truncate_logs(run_dir, driver.start_step)  # no step logged twice
+            driver.t0 = time.time() - run_clock(run_dir)  # the clock goes on from the last segment's end
+            print(resume_line(run_dir, checkpoint, driver.start_step), file=sys.stderr)
         with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard) as log:
             return driver.run(log)
     finally:

@@ -7,11 +7,13 @@ version k, exact rewards, group-normalised advantages, one update -> version k +
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from poise import interrupt
 from poise.algo.advantages import group_advantages
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
@@ -19,11 +21,11 @@ from poise.data.tasks import Problem
 from poise.metrics import step_metrics
 from poise.rollout.engine import Engine
 from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
-from poise.rundir import prepare_run_dir, truncate_logs
+from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump
-from poise.train.checkpoint import (TrainState, check_finite, latest_checkpoint, load_checkpoint, prune_checkpoints,
-                                   save_checkpoint)
+from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
+                                    prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
 from poise.train.setup import make_model, pin_threads, run_device
@@ -112,15 +114,20 @@ class ColocatedLoop:
     def run(self, log: RunLog) -> list[dict]:
         cfg = self.cfg.run
         rows = []
-        with StepProgress("train", cfg.steps, enabled=cfg.progress, completed=self.state.step) as bar:
+        with StepProgress("train", cfg.steps, enabled=cfg.progress, completed=self.state.step) as bar, \
+                interrupt.graceful(self.run_dir):
             for step in range(self.state.step, cfg.steps):
                 row = self.run_step(step, log)
                 rows.append(row)
                 done = step + 1
-                if done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+                stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
+                if stop or done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+                    log.flush()  # the events of the steps it covers are on disk before it is
                     save_checkpoint(self.run_dir, self.model, self.trainer.optimizer, self.state)
                     prune_checkpoints(self.run_dir, cfg.keep_checkpoints)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                if stop:
+                    raise interrupt.Stopped(stop, done, checkpoint_dir(self.run_dir, done))
         return rows
 
 
@@ -145,8 +152,11 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
     loop = ColocatedLoop(cfg, run_dir)
     try:
         if resume:
-            loop.state = load_checkpoint(latest_checkpoint(run_dir), loop.model, loop.trainer.optimizer)
+            checkpoint = latest_checkpoint(run_dir)
+            loop.state = load_checkpoint(checkpoint, loop.model, loop.trainer.optimizer)
             truncate_logs(run_dir, loop.state.step)  # no step logged twice
+            loop.t0 = time.perf_counter() - run_clock(run_dir)  # the clock goes on from the last segment's end
+            print(resume_line(run_dir, checkpoint, loop.state.step), file=sys.stderr)
         else:
             dump(cfg, run_dir / "config.yaml")
         with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard) as log:

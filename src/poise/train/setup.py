@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from poise.config import TrainConfig
+from poise.config import ClusterConfig, TrainConfig
+from poise.errors import PoiseError
 from poise.data.tokenizer import Tokenizer
 from poise.errors import PoiseError
 from poise.model.loading import build_tiny, load_model
@@ -40,6 +41,26 @@ def _deterministic_algorithms() -> None:
     fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
     if fill is not None:
         fill(False)
+
+
+def check_device(cluster: ClusterConfig, colocated: bool) -> None:
+    """`cluster.device: cuda` on this machine, before Ray starts: a torch that can use a GPU, and,
+    for a disaggregated job whose devices hold whole GPUs, NCCL (the train group's backend there:
+    runtime.cluster.collective_backend). Otherwise every device actor fails minutes later with a
+    Ray traceback. A joined cluster's GPUs are on its nodes, not necessarily here: left to the
+    actors. The GPU count is checked when Ray starts (runtime.cluster.check_gpu_count)."""
+    if cluster.device != "cuda" or (cluster.address and not colocated):
+        return
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise PoiseError(f"cluster.device=cuda but no CUDA device is usable here ({build}); install a CUDA build "
+                         "of torch on a machine with GPUs (README, GPUs), or set cluster.device=cpu")
+    if not colocated and cluster.gpus_per_device >= 1 and not (dist.is_available() and dist.is_nccl_available()):
+        raise PoiseError(f"cluster.device=cuda but torch {torch.__version__} has no NCCL built in (the train "
+                         "group's backend between whole GPUs); install a CUDA build of torch with NCCL, or set "
+                         "cluster.device=cpu")
 
 
 def run_device(device: str) -> torch.device:

@@ -1,0 +1,86 @@
+"""Stopping `poise train` on SIGINT (Ctrl-C) or SIGTERM without losing steps. Torch-free.
+
+While a training loop runs (`with graceful(run_dir):`), the first signal only asks it to stop:
+the loop ends the step in progress, writes a checkpoint after it and raises `Stopped`, which the
+CLI turns into "resume with: poise train --resume RUN_DIR" and exit 128 + signal (130 or 143).
+A second signal, or one before the loop starts (Ray starting, the model loading: nothing to save
+yet), stops at once: KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM, so the `finally`
+blocks still stop the worker actors and the reward sandbox, and nothing is left running.
+
+Signal state is per process by nature, hence module state here. `ray.init` installs its own
+SIGTERM handler (sys.exit(15)), so `graceful` installs ours again after Ray has started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import Iterator
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(Exception):
+    """The loop stopped at a signal's request after `steps_done` steps, with `checkpoint` after them."""
+
+    def __init__(self, signum: int, steps_done: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after {steps_done} steps")
+        self.signum, self.steps_done, self.checkpoint = signum, steps_done, checkpoint
+
+
+class _State:
+    armed: bool = False  # a loop runs and can stop after its step
+    requested: int | None = None  # the first signal received while armed
+    run_dir: Path | None = None
+
+
+_state = _State()
+
+
+def requested() -> int | None:
+    """The signal that asked the running loop to stop, or None: checked once per step."""
+    return _state.requested
+
+
+def _handler(signum: int, frame) -> None:  # noqa: ARG001 - signal.signal's signature
+    name = signal.Signals(signum).name
+    if _state.armed and _state.requested is None:
+        _state.requested = signum
+        again = "Ctrl-C" if signum == signal.SIGINT else name
+        print(f"poise: {name}: finishing this step and writing a checkpoint; {again} again to stop at once",
+              file=sys.stderr, flush=True)
+        return
+    run_dir = _state.run_dir
+    saved = run_dir is not None and (run_dir / "checkpoints").is_dir()
+    where = f"; resume with: poise train --resume {run_dir}" if saved else ""
+    print(f"poise: {name}: stopping at once (steps since the last checkpoint are lost){where}",
+          file=sys.stderr, flush=True)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
+def install(run_dir: Path | None = None) -> None:
+    """Handlers for the whole `poise train` process (main thread only): stop at once until a
+    loop arms them."""
+    if run_dir is not None:
+        _state.run_dir = run_dir
+    for signum in SIGNALS:
+        signal.signal(signum, _handler)
+
+
+@contextlib.contextmanager
+def graceful(run_dir: Path) -> Iterator[None]:
+    """Inside: the first signal asks the loop to stop after its step. A process that did not call
+    `install` (a test calling the loop directly) keeps its own handlers."""
+    if signal.getsignal(signal.SIGINT) is not _handler:
+        yield
+        return
+    install(run_dir)  # again: ray.init replaced the SIGTERM handler
+    _state.armed, _state.requested = True, None
+    try:
+        yield
+    finally:
+        _state.armed = False

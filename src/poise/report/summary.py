@@ -1,0 +1,71 @@
+"""The summary that opens a report: the same rows for a real run and a simulation, from the same
+JSONL (docs/events.md), each number rounded to what it can mean."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LAST_N = 10  # the final reward is the mean over this many last steps: one step's mean is noise
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _split(split: Any) -> str:
+    return f"{split[0]}+{split[1]}" if isinstance(split, (list, tuple)) and len(split) == 2 else "-"
+
+
+def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]]:
+    """(label, value) rows: steps, wall time, reward, tokens/s, samples/s, split changes, resize
+    decisions, failures. A value the log does not have is "-"."""
+    steps = sorted((e for e in events if e.get("kind") == "step"), key=lambda e: e["step"])
+    wall = max((float(e["end"]) for e in steps), default=0.0) if steps else \
+        sum(float(m.get("step_s") or 0.0) for m in metrics)
+    n_steps = len(steps) or len(metrics)
+    rows = [("steps", f"{n_steps} (0-{n_steps - 1})" if n_steps else "0"),
+            ("wall time", _duration(wall))]  # the run's clock: a resumed run's segments end to end
+
+    rewards = [m["reward_mean"] for m in sorted(metrics, key=lambda m: m.get("step", 0))
+               if isinstance(m.get("reward_mean"), (int, float))]
+    if rewards:
+        n = min(LAST_N, len(rewards))
+        first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+        rows.append((f"reward, mean of the last {n} steps", f"{last:.3f} (first {n}: {first:.3f})"))
+    else:
+        rows.append(("reward", "- (none logged: a simulation has no rewards)"))
+
+    tokens = sum(int(e.get("tokens") or 0) for e in steps)
+    rows.append(("generated tokens/s", _rate(tokens / wall) if tokens and wall > 0 else "-"))
+    sample_ids = {tuple(e["id"]) for e in events if e.get("kind") == "sample" and isinstance(e.get("id"), list)}
+    rows.append(("samples/s", _rate(len(sample_ids) / wall) if sample_ids and wall > 0 else "-"))
+
+    changes, previous = [], None
+    for e in steps:
+        split = e.get("split")
+        if previous is not None and split != previous:
+            changes.append(f"{_split(previous)} -> {_split(split)} before step {e['step']}")
+        previous = split
+    first_split = _split(steps[0].get("split")) if steps else "-"
+    rows.append(("split", f"{first_split}, changes: {len(changes)}" + (" (" + "; ".join(changes) + ")" if changes else "")))
+
+    decisions = [e for e in events if e.get("kind") == "decision" and e.get("what", "resize") == "resize"]
+    resizes = [e for e in decisions if e.get("action", "resize") == "resize"]
+    done = [e for e in events if e.get("kind") == "resize"]
+    rows.append(("resize decisions", f"resize: {len(resizes)} of {len(decisions)}; resizes done: {len(done)}"
+                 if decisions else f"none logged; resizes done: {len(done)}"))
+
+    recoveries = sum(1 for e in events if e.get("kind") == "recovery")
+    reward_failures = sum(1 for e in events if e.get("kind") == "reward_failure")
+    rows.append(("failures", f"workers lost and recovered: {recoveries}; reward calls failed: {reward_failures}"))
+    return rows

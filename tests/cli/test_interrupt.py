@@ -1,0 +1,182 @@
+"""Ctrl-C and SIGTERM on `poise train` (a real sync run on Ray, in its own process group, so the
+signal reaches every process a terminal's Ctrl-C would): the first signal ends the step, writes a
+checkpoint and exits 130/143 with the command that resumes; that command resumes from the
+checkpoint, says from which step, and continues the run's clock; a second Ctrl-C exits at once.
+Nothing is left running in any case."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from poise.train.progress import LINE_EVERY_S
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+STEPS = 40  # far more than the test waits for: a stop is never the run's natural end
+JOB = ["run.progress=false", f"run.steps={STEPS}", "run.checkpoint_every=0", "pipeline.mode=sync",
+       "cluster.devices=2", "cluster.split=[1,1]", "algorithm.prompts_per_step=2", "algorithm.group_size=4",
+       "algorithm.micro_batch_size=4", "algorithm.sampling.max_new_tokens=8", "rollout.num_slots=8"]
+
+
+def _start(run_dir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "poise", "train", *JOB, f"run.dir={run_dir}", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _wait_for_rows(proc: subprocess.Popen, run_dir: Path, count: int, timeout_s: float = 240.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = len(_rows(run_dir))
+        if done >= count:
+            return done
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    raise AssertionError(f"the run logged fewer than {count} steps in {timeout_s:g} s")
+
+
+def _group_gone(pgid: int, timeout_s: float = 30.0) -> bool:
+    """Every process of the run's session has ended (Ray's raylet, GCS and workers included)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _left_running(pgid: int) -> str:
+    return subprocess.run(["ps", "-o", "pid,pgid,args", "-g", str(pgid)], capture_output=True, text=True).stdout
+
+
+def _only_poise_lines(err: str) -> None:
+    """The console without a TTY: Poise's own lines and its progress lines, nothing of Ray's."""
+    for line in err.splitlines():
+        assert line.startswith(("poise: ", "train ")), f"not Poise's: {line!r}\n{err[-3000:]}"
+
+
+def _latest(run_dir: Path) -> int:
+    return int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
+
+
+def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    done = _wait_for_rows(proc, run_dir, 3)  # step `done` (counting from 0) is in progress
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert _group_gone(proc.pid), _left_running(proc.pid)
+    assert "Traceback" not in err
+    saved = _latest(run_dir)
+    # the step in progress ended and was saved (or the next, if the signal met the step's end)
+    assert done + 1 <= saved <= done + 2 < STEPS, (done, saved, err[-2000:])
+    assert len(_rows(run_dir)) == saved  # every step logged is in the checkpoint, no more
+    command = re.search(r"resume with: (poise train --resume \S+)", err)
+    assert command, err[-2000:]
+    assert command.group(1) == f"poise train --resume {run_dir}"
+
+    _only_poise_lines(err)
+    assert "Token authentication is enabled" in (run_dir / "ray.log").read_text()  # kept on, said in the log
+
+    argv = shlex.split(command.group(1))
+    start = time.monotonic()
+    resumed = subprocess.run([sys.executable, "-m", "poise", *argv[1:], "run.progress=true"], capture_output=True,
+                             text=True, timeout=600)
+    took = time.monotonic() - start
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    _only_poise_lines(resumed.stderr)
+    progress = [line for line in resumed.stderr.splitlines() if line.startswith("train ")]
+    assert len(progress) <= took / LINE_EVERY_S, (took, progress)  # no TTY: a line per 10 s at most
+    assert all(re.search(r"steps/s  eta \d+:\d\d$", line) for line in progress), progress
+    assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(STEPS))  # each step once, none lost
+
+    # one clock across the resume: each step starts after the one before ends, and every event of
+    # the resumed segment comes after the first segment's last
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    steps = sorted((e for e in events if e["kind"] == "step"), key=lambda e: e["step"])
+    assert [e["step"] for e in steps] == list(range(STEPS))
+    for before, after in zip(steps, steps[1:]):
+        assert before["start"] <= before["end"] <= after["start"], (before, after)
+    first_end = max(e["end"] for e in steps[:saved])
+    later = [e for e in events if isinstance(e.get("step"), int) and e["step"] >= saved and e["kind"] == "interval"]
+    assert later and min(e["start"] for e in later) >= first_end
+
+    # and the report draws each step once, in order, on that clock
+    from poise.report import draw_report
+    from poise.report.timeline import timeline_data
+
+    page = draw_report(run_dir)["html"].read_text()
+    assert f"<td>{STEPS} (0-{STEPS - 1})</td>" in page
+    drawn = timeline_data(events)["intervals"]
+    assert max(iv[2] for iv in drawn if iv[4] < saved) <= min(iv[1] for iv in drawn if iv[4] >= saved)
+
+
+def test_sigterm_checkpoints_and_exits_143(tmp_path):
+    from poise.train.checkpoint import verify_checkpoint
+
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    done = _wait_for_rows(proc, run_dir, 2)
+    os.kill(proc.pid, signal.SIGTERM)  # a scheduler's stop: to the driver only
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-3000:]
+    assert _group_gone(proc.pid), _left_running(proc.pid)
+    saved = _latest(run_dir)
+    assert done + 1 <= saved <= done + 2 < STEPS, (done, saved)
+    assert verify_checkpoint(run_dir / "checkpoints" / f"step_{saved:06d}") is None  # complete, verifies
+    assert f"resume with: poise train --resume {run_dir}" in err
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir)
+    _wait_for_rows(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "stopping at once" in err
+    assert time.monotonic() - start < 30  # the actors are killed, not waited for
+    assert _group_gone(proc.pid), _left_running(proc.pid)
+
+
+def test_ctrl_c_in_the_colocated_loop_checkpoints_and_resumes(tmp_path):
+    """The same contract without Ray: one process, the reference loop."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "pipeline.mode=colocated")
+    done = _wait_for_rows(proc, run_dir, 2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    saved = _latest(run_dir)
+    assert done + 1 <= saved <= done + 2 < STEPS, (done, saved)
+    assert f"resume with: poise train --resume {run_dir}" in err
+    resumed = subprocess.run([sys.executable, "-m", "poise", "train", "--resume", str(run_dir), "run.steps=12"],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
+    assert [r["step"] for r in _rows(run_dir)] == list(range(12))
+    assert f"poise: 12 steps in {run_dir}" in resumed.stderr  # the whole run's summary, not the segment's

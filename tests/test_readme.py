@@ -1,0 +1,158 @@
+"""README.md's snippets, as written: the reward file and its config score the dataset they name
+(through the reward sandbox), every YAML snippet loads as a `poise train` config, and every shell
+command names a make target or a `poise` command whose arguments and config load. (The commands
+are not run to the end: `make demo` alone takes minutes; their first seconds are what a typo
+breaks. A pip install from a wheel index is checked against the Makefile's pin, not run.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from poise.config import load_train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.M | re.S)
+
+
+def _one(lang: str, marker: str) -> str:
+    found = [b for b in _blocks(lang) if marker in b]
+    assert len(found) == 1, f"README has {len(found)} ```{lang} blocks holding {marker!r}"
+    return found[0]
+
+
+@pytest.fixture
+def reward_project(tmp_path, monkeypatch):
+    """The README's reward file and config in a directory of their own, with the data file the
+    config names: the package's GSM8K sample (`question`, `answer` ending in `#### N`)."""
+    (tmp_path / "my_rewards.py").write_text(_one("python", "# my_rewards.py"))
+    (tmp_path / "config.yaml").write_text(_one("yaml", "reward:"))
+    (tmp_path / "data").mkdir()
+    shutil.copy(ROOT / "src/poise/data/samples/gsm8k_sample.jsonl", tmp_path / "data" / "train.jsonl")
+    monkeypatch.chdir(tmp_path)  # `my_rewards:concise` is found from the working directory
+    return tmp_path
+
+
+def test_the_reward_snippet_scores_its_own_dataset(reward_project):
+    from poise.data.dataset import load_dataset
+    from poise.rewards.scorer import RewardInput, RewardScorer
+
+    cfg = load_train_config("config.yaml", ["run.progress=false"])
+    rows = load_dataset(cfg.data.dataset, cfg.data.prompt_key, cfg.data.answer_key)
+    assert len(rows) >= 10
+    right = [(r.prompt, r.answer, r.answer) for r in rows]  # the reference solution as the completion
+    wrong = [(r.prompt, r.answer + "1", r.answer) for r in rows]  # its final number changed
+    scorer = RewardScorer(cfg.reward)
+    try:
+        scores = scorer.score([RewardInput((0, i, 0), p, c, {"answer": a, "reward_kind": "math"})
+                               for i, (p, c, a) in enumerate(right + wrong)])
+    finally:
+        scorer.close()
+    assert not [f for s in scores for f in s.failures]
+    by_function = {name: [s.parts[name] for s in scores] for name in scores[0].parts}
+    ends = next(v for k, v in by_function.items() if "ends_with_answer" in k)
+    assert ends == [1.0] * len(right) + [0.0] * len(wrong)  # it can score its own dataset
+    concise = next(v for k, v in by_function.items() if "concise" in k)
+    assert all(v < 0 for v in concise)
+
+
+def test_every_yaml_snippet_loads_as_a_config(reward_project):
+    for i, block in enumerate(_blocks("yaml")):
+        path = reward_project / f"snippet{i}.yaml"
+        path.write_text(block)
+        load_train_config(str(path), [])  # unknown keys, wrong types: PoiseError
+
+
+def test_every_python_snippet_runs(tmp_path):
+    for block in _blocks("python"):
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def _commands() -> list[list[str]]:
+    out = []
+    for block in _blocks("bash"):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                for part in line.split("&&"):
+                    out.append(shlex.split(part))
+    return out
+
+
+def test_every_shell_command_parses_and_its_config_loads(monkeypatch):
+    import argparse
+    import importlib
+
+    from poise.cli import SUBCOMMANDS
+
+    monkeypatch.chdir(ROOT)
+    targets = set(re.findall(r"^([a-z][\w.-]*):", (ROOT / "Makefile").read_text(), flags=re.M))
+    seen = set()
+    torch_spec = re.search(r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), flags=re.M).group(1)
+    for argv in _commands():
+        if argv[0] == "make":
+            assert argv[1] in targets, argv
+            continue
+        if argv[0] == ".venv/bin/pip":  # a wheel index: not reachable from a test; the pin it names is the Makefile's
+            assert argv[1] == "install" and torch_spec in argv, (argv, torch_spec)
+            continue
+        if argv[0] == ".venv/bin/python":  # run as written, by this interpreter
+            done = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, (argv, done.stderr[-2000:])
+            continue
+        if argv[0].endswith(".sh"):  # a script (the GPU check): it exists and parses
+            assert subprocess.run(["bash", "-n", str(ROOT / argv[0])]).returncode == 0, argv
+            continue
+        assert argv[0] == "poise" and argv[1] in SUBCOMMANDS, argv
+        seen.add(argv[1])
+        parser = argparse.ArgumentParser(prog=f"poise {argv[1]}")
+        importlib.import_module(SUBCOMMANDS[argv[1]][0]).add_parser(parser)
+        args = parser.parse_args(argv[2:])
+        if argv[1] in ("train", "sft") and not getattr(args, "resume", None):
+            config = args.config if args.config and "=" not in args.config else None
+            overrides = args.overrides if config or not args.config else [args.config, *args.overrides]
+            load_train_config(config, overrides)
+        if argv[1] in ("simulate",) and not args.list:
+            from poise.sim import load_scenario
+
+            load_scenario(args.scenario, args.overrides)
+    assert {"train", "sft", "simulate", "profile", "report"} <= seen
+
+
+def test_no_issue_numbers_in_the_user_documents():
+    """A user reads README, BENCHMARKS and RELIABILITY without our tracker: "issue 13's target" means
+    nothing to them."""
+    for name in ("README.md", "BENCHMARKS.md", "RELIABILITY.md"):
+        found = re.findall(r".{0,30}\bissues? \d+.{0,20}", (ROOT / name).read_text(), flags=re.I)
+        assert not found, (name, found)
+
+
+def test_benchmarks_opens_with_one_table_of_current_figures():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    head = text.split("\n## ", 1)[0].split("\n# History", 1)[0]  # before the first section
+    rows = [line for line in head.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    assert rows[0].startswith("| what | current figure | command | measured |")
+    assert len(rows) >= 10
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 4 and "`" in cells[2], row  # its command
+        assert re.search(r"20\d\d-\d\d-\d\d", cells[3]), row  # its date
+    assert head.count("| what |") == 1  # one table
+    for image in re.findall(r"\]\((docs/[^)]+)\)", head):
+        assert (ROOT / image).is_file(), image
+
+
+def test_readme_states_the_scope_of_the_bitwise_promise():
+    text = " ".join(README.split())
+    for words in ("same device type", "threads per device", "library versions"):
+        assert words in text, words
