@@ -164,7 +164,7 @@ class PolicyTrainer:
         if cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("kl_coef > 0 needs a reference model")
         if cfg.gradient_checkpointing:
-            # non-reentrant: works with autograd.grad and recomputes with the same kernels (same bits)
+            # non-reentrant: recomputes each layer with the same kernels in the backward pass (same bits)
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x's name
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
@@ -214,6 +214,8 @@ class PolicyTrainer:
         loss = grpo_loss(logp, old, advantages, mask, self.cfg.clip_eps, self.cfg.kl_coef, ref,
                          self.cfg.loss_agg)
         flat = torch.zeros(self.numel, dtype=torch.float32, device=device)  # a parameter without gradient: 0
+        for p in self.params:
+            p.grad = None  # the hook must see this backward's gradient alone
         self._grad_target = flat
         try:
             loss.total.backward()
