@@ -114,7 +114,7 @@ def traffic_rank(rank: int, world: int, port: int, numel: int, micro: int, queue
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
     t0 = time.perf_counter()
     total, received = exchange_and_combine(nodes, micro, list(range(world)), rank, dist.group.WORLD, numel,
-                                           torch.device("cpu"))
+                                           torch.device("cpu"), int(most.item()))
     seconds = time.perf_counter() - t0
     exact = None
     if rank == 0:

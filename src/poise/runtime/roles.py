@@ -70,7 +70,7 @@ class TrainShard(Protocol):
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, inputs_ready: float | None = None) -> dict:
         """Reduce the gradients of micro-batches `indices` with those of the other `ranks` and step;
-        `rows`: tree nodes per device in the all-gather; `inputs_ready`: wall time the mini-batch's
+        `rows`: the most tree nodes any of `ranks` holds; `inputs_ready`: wall time the mini-batch's
         last micro-batch ended (a real shard's all-gather waits for it by itself)."""
         ...
 

@@ -71,11 +71,12 @@ def slice_bounds(numel: int, parties: int) -> list[tuple[int, int]]:
 
 
 def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ranks: list[int], rank: int, group,
-                         numel: int, device: torch.device) -> tuple[torch.Tensor, int]:
+                         numel: int, device: torch.device, rows: int) -> tuple[torch.Tensor, int]:
     """The root of the tree over m micro-batches whose nodes the `ranks` hold between them (this
-    rank's are `nodes`); returns it, flat, and the bytes this rank received.
+    rank's are `nodes`, `rows` the most any rank holds); returns it, flat, and the bytes this rank
+    received.
 
-    1. Node names: an all-gather of each rank's (level, index) pairs (a few floats).
+    1. Node names: an all-gather of each rank's (level, index) pairs, `rows` of them (a few floats).
     2. Slices: rank i gets slice i of every other rank's nodes, point to point (transport only).
     3. Combine: rank i adds its slice of all nodes in the fixed tree order (`combine`).
     4. All-gather of the combined slices (padded to the longest by at most one element).
@@ -84,16 +85,15 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
     parties, me = len(ranks), ranks.index(rank)
     bounds = slice_bounds(numel, parties)
     mine = sorted(nodes)
-    count = torch.tensor([float(len(mine))], device=device)
-    counts = [torch.empty_like(count) for _ in ranks]
-    dist.all_gather(counts, count, group=group)
-    most = int(max(c.item() for c in counts))
-    names = torch.full((most, 2), -1.0, device=device)
+    if len(mine) > rows:
+        raise RuntimeError(f"device {rank} holds {len(mine)} tree nodes, more than the {rows} the reduction was "
+                           "planned for")
+    names = torch.full((max(1, rows), 2), -1.0, device=device)
     for i, (level, index) in enumerate(mine):
         names[i, 0], names[i, 1] = level, index
     gathered = [torch.empty_like(names) for _ in ranks]
     dist.all_gather(gathered, names, group=group)
-    received = 4 * (parties * names.numel() + parties)
+    received = 4 * parties * names.numel()
     lo, hi = bounds[me]
     table: dict[tuple[int, int], torch.Tensor] = {node: nodes[node][lo:hi] for node in mine}
     pending = []
@@ -160,12 +160,12 @@ class TorchTrainShard:
         `indices`: the micro-batches this device computed; `ranks`: every device holding some (the
         train devices, and with `pipeline.assist` the rollout devices that `contribute`).
         bitwise: each rank combines its slice of every rank's tree nodes in the fixed tree order,
-        then the slices are all-gathered; semantic: an ordinary all-reduce. `rows` (the most nodes
-        a device holds) is not needed: node counts are exchanged.
+        then the slices are all-gathered; semantic: an ordinary all-reduce. `rows`: the most tree
+        nodes any of `ranks` holds (the size of the node names each rank sends).
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
-        total, received = self._reduce(num_micro_batches, indices, ranks)
+        total, received = self._reduce(num_micro_batches, indices, ranks, rows)
         norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
         traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
@@ -175,10 +175,10 @@ class TorchTrainShard:
         """`pipeline.assist`: a rollout device's part of the reduction (the gradients of `indices`,
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
-        self._reduce(num_micro_batches, indices, ranks)
+        self._reduce(num_micro_batches, indices, ranks, rows)
         return {"start": start, "end": time.time(), "device": self.rank}
 
-    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int]
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int
                 ) -> tuple[torch.Tensor, int | None]:
         """The mini-batch's summed gradient (flat) and the bytes this rank received for it (bitwise)."""
         if self._held != set(indices):
@@ -196,7 +196,7 @@ class TorchTrainShard:
         if sorted(nodes) != sorted(index_nodes(indices, m)):  # the tree's invariant, checked where it is used
             raise RuntimeError(f"device {self.rank}: tree nodes {sorted(nodes)} are not the aligned nodes of "
                                f"micro-batches {sorted(indices)}")
-        return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device)
+        return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device, rows)
 
     # ---- live resize ------------------------------------------------------------------------
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
