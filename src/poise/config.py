@@ -245,6 +245,10 @@ class ClusterConfig:
         "auto", "how devices reach the driver's run.dir for checkpoints: auto probes each Ray node (one that "
                 "does not see run.dir sends and receives checkpoints through the driver), shared trusts every "
                 "node to see it, driver sends every checkpoint byte through the driver")
+    shard: Literal["none", "optimizer"] = help_field(
+        "none", "none: every train device holds the whole AdamW state; optimizer: each of the W train devices "
+                "owns the state of 1/W of the parameters (whole tensors), steps them and all-gathers them "
+                "(the same bits as none; checkpoints the same bytes). Parameter sharding (full) is not built yet")
     max_recoveries: int = help_field(3, "worker deaths a run survives (each: the dead actor replaced, the state "
                                         "restored from a surviving train device, the step run again); 0: stop "
                                         "at the first")
@@ -397,6 +401,9 @@ class TrainConfig:
               "use history or learned")
         self._check_resize()
         self._check_scale()
+        check(not self.pipeline.assist or self.cluster.shard == "none", "pipeline.assist", True,
+              "is not built with cluster.shard=optimizer (a helping rollout device owns no optimizer state); "
+              "drop one of them")
         check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
               f"needs pipeline.mode=sync (with {self.pipeline.mode}, no rollout device is idle while the trainer "
               "works); set it false")

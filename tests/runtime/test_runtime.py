@@ -121,6 +121,28 @@ def test_train_devices_hold_log_m_gradients_and_receive_a_few_gradients_an_updat
             assert 0 < e["received_bytes"] <= 2.5 * e["grad_bytes"], (split, e)
 
 
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: f"{s[0]}+{s[1]}")
+def test_sharded_optimizer_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split):
+    """cluster.shard=optimizer: each train device steps the AdamW state of its run of parameters
+    alone, the checkpoints (written by the leader from every owner's part) hold the same bytes as
+    the colocated loop's, and each device holds its part of the state, not all of it."""
+    got = runs.disaggregated("sync", split, "cluster.shard=optimizer")
+    got.assert_learned(warm_start)
+    _assert_syncs(got, split)
+    got.assert_bitwise_equal(reference, f"sync {split} sharded vs colocated")
+    whole = runs.disaggregated("sync", (3, 1))
+    full = max(e["optimizer_bytes"] for e in whole.events if e["kind"] == "interval" and e["phase"] == "update")
+    held = {}
+    for e in got.events:
+        if e["kind"] == "interval" and e["phase"] == "update":
+            held.setdefault(e["device"], set()).add(e["optimizer_bytes"])
+    assert len(held) == split[1], held
+    parts = [max(b) for b in held.values()]
+    assert sum(parts) == full, (parts, full)  # every parameter's state once, nowhere twice
+    if split[1] > 1:
+        assert max(parts) < full, (parts, full)
+
+
 def _helped_steps(run, split) -> set[int]:
     """Steps in which a rollout device (0..R-1) computed a micro-batch (pipeline.assist)."""
     return {e["step"] for e in run.events if e["kind"] == "interval" and e["phase"] == "micro_batch"

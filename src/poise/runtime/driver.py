@@ -88,7 +88,7 @@ class Runtime:
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
-                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device)
+                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device, c.shard)
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
@@ -149,6 +149,12 @@ class Runtime:
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg,
                                     step_timeout_s=c.step_timeout_s, **self.helpers())
+
+    @property
+    def sharded(self) -> bool:
+        """`cluster.shard: optimizer` on real compute: each train device owns part of the optimizer
+        state, so a checkpoint needs every train device and a resize reshards."""
+        return self.cfg.cluster.shard == "optimizer" and self.spec.emulated is None
 
     def helpers(self) -> dict:
         """`pipeline.assist`: the pool's rollout devices (a joined reserve device is not in the
@@ -519,7 +525,7 @@ class Driver:
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
                       **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
         for u in updates:  # real compute reports the reduction's traffic
-            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes") if k in u}
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
                       step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens
@@ -627,7 +633,8 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         driver = Driver(cfg, run_dir, runtime, source, policy)
         if checkpoint is not None:
             # every device, rollout or train, restores the same weights (and optimizer state)
-            states = faults.wait([w.load_checkpoint.remote(runtime.store.readable(d, w, checkpoint))
+            states = faults.wait([w.load_checkpoint.remote(runtime.store.readable(d, w, checkpoint),
+                                                           runtime.train_ranks)
                                   for d, w in enumerate(runtime.workers)],
                                  list(range(len(runtime.workers))), "loading the checkpoint",
                                  cfg.cluster.step_timeout_s)

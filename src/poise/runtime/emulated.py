@@ -298,10 +298,11 @@ class EmulatedTrainShard:
     def drop_optimizer(self) -> None:
         self.wait_staging()
 
-    def save_checkpoint(self, run_dir: str, step: int, version: int) -> str:
+    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
+                        ranks: list[int] | None = None) -> str:
         return ""  # an emulated device holds no weights
 
-    def load_checkpoint(self, path: str) -> tuple[int, int]:
+    def load_checkpoint(self, path: str, train_ranks: list[int] | None = None) -> tuple[int, int]:
         raise PoiseError("an emulated device holds no weights to restore")
 
     def digest(self) -> str:

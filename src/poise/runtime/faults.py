@@ -189,6 +189,9 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     survivors = [d for d in rt.train_ranks if d not in dead]
     if not survivors:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, "no train device survives to restore from"))
+    if getattr(rt, "sharded", False) and any(d in rt.train_ranks for d in dead):
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, "with cluster.shard=optimizer its part of the "
+                                                                "optimizer state has no replica"))
     held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead))}
     source = next((d for d in survivors if held[d] == version), survivors[0])
     if held[source] is None:
@@ -226,7 +229,7 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     rt.start(split, rt.transitions)
     path_of = [paths[rollout_source] if d in rollout_ranks else paths[source] for d in range(len(rt.workers))]
     what = f"step {step}: restoring the surviving replica"
-    states = wait([w.load_checkpoint.remote(rt.store.readable(d, w, p, what))
+    states = wait([w.load_checkpoint.remote(rt.store.readable(d, w, p, what), rt.train_ranks)
                    for d, (w, p) in enumerate(zip(rt.workers, path_of))], list(range(len(rt.workers))), what,
                   timeout_s, rt)
     rt.store.release()

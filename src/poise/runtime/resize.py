@@ -73,7 +73,8 @@ class ResizeReport:
     moved_samples: int = 0  # partial samples and requests handed to other rollout devices
     moved_tokens: int = 0  # tokens the partials had (not regenerated)
     groups_created: int = 0  # communicators created on the resize's path (0: all cached)
-    staging: dict[int, dict] = field(default_factory=dict)  # joiner -> bytes, seconds, peak buffer
+    staging: dict[int, dict] = field(default_factory=dict)  # joiner (sharded: every owner) -> bytes, seconds, peak buffer
+    staged_by: list[int] = field(default_factory=list)  # cluster.shard: optimizer: the devices that resharded
     barrier_s: float = 0.0  # how long the first update on the new split waited for staging
 
     mode: str = "live"
@@ -95,6 +96,9 @@ class ResizeReport:
                 "optimizer_bytes": sum(s.get("bytes", 0) for s in staged),
                 "bytes_moved": sum(s.get("bytes", 0) for s in staged),
                 "peak_host_buffer_bytes": max((s.get("peak_buffer_bytes", 0) for s in staged), default=0),
+                # what each device received and sent (sharded: old owners send, new owners receive)
+                "optimizer_bytes_by_device": {str(d): s.get("bytes", 0) + s.get("sent_bytes", 0)
+                                              for d, s in self.staging.items()},
                 "groups_created": self.groups_created}
 
 
@@ -107,6 +111,13 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     to_rollout = [d for d in rt.train_ranks if d in new_rollout]
     report = ResizeReport(step, old, to, to_train, to_rollout)
     workers = rt.workers
+    if rt.sharded:  # first: a leaving owner hands its state on before its engine starts (it waits for that)
+        t = time.perf_counter()
+        old_train = list(rt.train_ranks)
+        report.staged_by = sorted(set(old_train) | set(new_train))
+        ray.get([workers[d].reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20))
+                 for d in report.staged_by])
+        report.phases["optimizer_staging_start"] = time.perf_counter() - t
 
     t = time.perf_counter()  # the leaving rollout devices give their generation back
     taken = ray.get([workers[d].abort_generation.remote() for d in to_train])
@@ -135,10 +146,11 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     report.phases["group_switch"] = time.perf_counter() - t
 
     t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward
-    if to_train:
+    if to_train and not rt.sharded:
         ranks = [peer] + to_train
         ray.get([workers[d].stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)) for d in ranks])
-    report.phases["optimizer_staging_start"] = time.perf_counter() - t
+    if not rt.sharded:
+        report.phases["optimizer_staging_start"] = time.perf_counter() - t
     report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in workers]))
     return report
 
@@ -178,7 +190,8 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
 
     t = time.perf_counter()
     if path is not None:
-        states = ray.get([w.load_checkpoint.remote(rt.store.readable(d, w, path)) for d, w in enumerate(rt.workers)])
+        states = ray.get([w.load_checkpoint.remote(rt.store.readable(d, w, path), rt.train_ranks)
+                          for d, w in enumerate(rt.workers)])
         rt.store.release()
         if {v for _, v in states} != {version}:
             raise RuntimeError(f"hard resize: reloaded weights versions {sorted({v for _, v in states})}, "
@@ -194,9 +207,10 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
 def finish_report(rt, report: ResizeReport, updates: Sequence[dict]) -> ResizeReport:
     """Complete a resize's report after the first step on the new split: what the staging moved,
     and how long that step's updates waited for it."""
-    if report.to_train:
-        reports = ray.get([rt.workers[d].staging_report.remote() for d in report.to_train])
-        report.staging = dict(zip(report.to_train, reports))
+    staged_by = report.staged_by or report.to_train  # sharded: every owner old and new; else the joiners
+    if staged_by:
+        reports = ray.get([rt.workers[d].staging_report.remote() for d in staged_by])
+        report.staging = dict(zip(staged_by, reports))
     report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
     return report
 

@@ -122,11 +122,24 @@ class CheckpointStore:
 
         run_dir = Path(run_dir).resolve()
         args = (step, version, extra) if extra else (step, version)
+        rt = self.rt
+        if rt is not None and getattr(rt, "sharded", False) and device in rt.train_ranks:
+            # cluster.shard: optimizer: every train device streams its part of the optimizer state to `device`
+            ranks = list(rt.train_ranks)
+            args = (step, version, extra, ranks)
+            peers = [(d, rt.workers[d].send_optimizer_state.remote(device, ranks)) for d in ranks if d != device]
+        else:
+            peers = []
         if self.sees_run_dir(device, worker):
-            return Path(self._get(worker.save_checkpoint.remote(str(run_dir), *args), device, what))
+            path = Path(self._get(worker.save_checkpoint.remote(str(run_dir), *args), device, what))
+            for d, ref in peers:
+                self._get(ref, d, what)
+            return path
         stage = self._get(worker.make_stage.remote(), device, what)
         try:
             remote = self._get(worker.save_checkpoint.remote(stage, *args), device, what)
+            for d, ref in peers:
+                self._get(ref, d, what)
             tmp = begin_checkpoint(run_dir, step)
             for name, size in self._get(worker.list_files.remote(remote), device, what):
                 with open(tmp / name, "wb") as f:

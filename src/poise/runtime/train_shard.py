@@ -23,8 +23,10 @@ import torch.distributed as dist
 
 from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
-from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
+                                    save_checkpoint)
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
+from poise.train.sharding import element_bounds, owner_runs
 from poise.train.trainer import PolicyTrainer, param_views
 
 
@@ -71,10 +73,13 @@ def slice_bounds(numel: int, parties: int) -> list[tuple[int, int]]:
 
 
 def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ranks: list[int], rank: int, group,
-                         numel: int, device: torch.device, rows: int) -> tuple[torch.Tensor, int]:
+                         numel: int, device: torch.device, rows: int,
+                         bounds: list[tuple[int, int]] | None = None, gather: bool = True) -> tuple[torch.Tensor, int]:
     """The root of the tree over m micro-batches whose nodes the `ranks` hold between them (this
     rank's are `nodes`, `rows` the most any rank holds); returns it, flat, and the bytes this rank
-    received.
+    received. `bounds`: the slice each rank combines (default: equal slices); `gather=False`
+    (sharded: each owner needs its own slice only) returns this rank's combined slice and skips
+    step 4.
 
     1. Node names: an all-gather of each rank's (level, index) pairs, `rows` of them (a few floats).
     2. Slices: rank i gets slice i of every other rank's nodes, point to point (transport only).
@@ -83,7 +88,7 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
     """
     ranks = sorted(ranks)  # the group's own rank order, which all_gather follows
     parties, me = len(ranks), ranks.index(rank)
-    bounds = slice_bounds(numel, parties)
+    bounds = bounds or slice_bounds(numel, parties)
     mine = sorted(nodes)
     if len(mine) > rows:
         raise RuntimeError(f"device {rank} holds {len(mine)} tree nodes, more than the {rows} the reduction was "
@@ -101,8 +106,8 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
         if peer == me:
             for node in mine:  # the other ranks' slices of this rank's nodes, in node order
                 for other in range(parties):
-                    if other != me:
-                        a, b = bounds[other]
+                    a, b = bounds[other]
+                    if other != me and b > a:  # an owner of no parameter gets nothing
                         pending.append(dist.isend(nodes[node][a:b].contiguous(), dst=ranks[other], group=group))
             continue
         for row in peer_names.tolist():
@@ -112,11 +117,14 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
             if node in table:
                 raise RuntimeError(f"tree node {node} is held by two devices")
             table[node] = torch.empty(hi - lo, dtype=torch.float32, device=device)
-            pending.append(dist.irecv(table[node], src=ranks[peer], group=group))
-            received += 4 * (hi - lo)
+            if hi > lo:
+                pending.append(dist.irecv(table[node], src=ranks[peer], group=group))
+                received += 4 * (hi - lo)
     for work in pending:
         work.wait()
     part = combine(table, m, torch.add) if hi > lo else torch.zeros(0, device=device)
+    if not gather:
+        return part, received
     width = max(b - a for a, b in bounds)
     padded = torch.zeros(width, dtype=torch.float32, device=device)
     padded[:hi - lo] = part
@@ -128,11 +136,20 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
 
 
 class TorchTrainShard:
+    """`shard`: `none` (every train device holds the whole AdamW state) or `optimizer` (each owns
+    the state of one run of whole parameters, train/sharding.py: its slice of the reduction is its
+    run, it clips and steps its run, and the updated parameters return by all-gather)."""
+
     def __init__(self, rank: int, trainer: PolicyTrainer, comm: CommunicatorCache, bitwise: bool,
-                 device: torch.device, on_version) -> None:
+                 device: torch.device, on_version, shard: str = "none") -> None:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
+        self.sharded = shard == "optimizer"
         self.numel = trainer.numel
+        self.sizes = [shape.numel() for shape in trainer.shapes]
+        names = {p: n for n, p in trainer.model.named_parameters()}
+        self.names = [names[p] for p in trainer.params]
+        self.stepped = False  # sharded: whether the optimizer state exists (somewhere) yet
         self._tree = TreeAccumulator(torch.add)  # bitwise: the held micro-batches' tree nodes
         self._sum: torch.Tensor | None = None  # semantic: their running sum (reassociation allowed)
         self._held: set[int] = set()
@@ -165,9 +182,14 @@ class TorchTrainShard:
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
-        total, received = self._reduce(num_micro_batches, indices, ranks, rows)
-        norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
+        if self.sharded:
+            norm, received = self._sharded_update(num_micro_batches, indices, normaliser, ranks, rows)
+        else:
+            total, received = self._reduce(num_micro_batches, indices, ranks, rows)
+            norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
         traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
+        traffic["optimizer_bytes"] = sum(t.numel() * t.element_size() for st in self.trainer.optimizer.state.values()
+                                         for t in st.values() if torch.is_tensor(t))
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
                 **traffic}
 
@@ -178,9 +200,50 @@ class TorchTrainShard:
         self._reduce(num_micro_batches, indices, ranks, rows)
         return {"start": start, "end": time.time(), "device": self.rank}
 
-    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int
-                ) -> tuple[torch.Tensor, int | None]:
-        """The mini-batch's summed gradient (flat) and the bytes this rank received for it (bitwise)."""
+    def _sharded_update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
+                        ) -> tuple[float, int | None]:
+        """This owner's slice of the reduction, its clip (the norm from every owner's per-tensor
+        norms, in parameter order) and AdamW step, then every owner's updated run by all-gather."""
+        ranks = sorted(ranks)
+        group, me = self.comm.get(ranks), ranks.index(self.rank)
+        runs = owner_runs(self.sizes, len(ranks))
+        bounds = element_bounds(self.sizes, runs)
+        first, end = runs[me]
+        self._check_state(first, end)
+        part, received = self._reduce(m, indices, ranks, rows, bounds)
+        if not self.bitwise:  # the all-reduced whole gradient: this owner's slice of it
+            lo, hi = bounds[me]
+            part, received = part[lo:hi], None
+        counts = [b - a for a, b in runs]
+        norm = self.trainer.apply_update(param_views(part, self.trainer.shapes[first:end]), normaliser, first,
+                                         lambda mine: _gather_ragged(mine, counts, me, group))
+        self.stepped = True
+        with torch.no_grad():  # the updated runs of every owner, into this device's parameters
+            mine = [p.detach().reshape(-1) for p in self.trainer.params[first:end]]
+            flat = torch.cat(mine) if mine else torch.zeros(0, device=self.device)
+            whole = _gather_ragged(flat, [b - a for a, b in bounds], me, group)
+            for i, (p, value) in enumerate(zip(self.trainer.params, param_views(whole, self.trainer.shapes))):
+                if not first <= i < end:
+                    p.copy_(value)
+        if received is not None:
+            received += 4 * max(counts) * len(ranks) + 4 * max(b - a for a, b in bounds) * len(ranks)
+        return norm, received
+
+    def _check_state(self, first: int, end: int) -> None:
+        """An owner steps with the state of exactly its run (all of it once any update happened):
+        AdamW would start a missing moment from zero without a word."""
+        state = self.trainer.optimizer.state
+        held = [i for i, p in enumerate(self.trainer.params) if p in state]
+        want = list(range(first, end)) if self.stepped else []
+        if held != want:
+            raise RuntimeError(f"device {self.rank} holds the optimizer state of parameters {_spans(held)} but owns "
+                               f"{_spans(list(range(first, end)))}{'' if self.stepped else ' (before any update)'}: "
+                               "a reshard of the optimizer state is missing")
+
+    def _reduce(self, num_micro_batches: int, indices: list[int], ranks: list[int], rows: int,
+                bounds: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, int | None]:
+        """The mini-batch's summed gradient (flat) and the bytes this rank received for it (bitwise);
+        with `bounds` (sharded, bitwise) only this rank's slice of it."""
         if self._held != set(indices):
             raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
                                f"got {sorted(self._held)}")
@@ -196,7 +259,8 @@ class TorchTrainShard:
         if sorted(nodes) != sorted(index_nodes(indices, m)):  # the tree's invariant, checked where it is used
             raise RuntimeError(f"device {self.rank}: tree nodes {sorted(nodes)} are not the aligned nodes of "
                                f"micro-batches {sorted(indices)}")
-        return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device, rows)
+        return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device, rows, bounds,
+                                    gather=bounds is None)
 
     # ---- live resize ------------------------------------------------------------------------
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
@@ -205,6 +269,13 @@ class TorchTrainShard:
         self.wait_staging()
         self._staging = OptimizerStaging(self.rank, src, self.comm.get(ranks), self.trainer, buffer_bytes,
                                          self.device)
+
+    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> None:
+        """Sharded live resize: hand the state of every parameter whose owner changes from its
+        owner among `old_ranks` to its owner among `new_ranks`, in the background (DynaResize's
+        optimizer migration through a bounded buffer); the next update or checkpoint waits for it."""
+        self.wait_staging()
+        self._staging = OptimizerReshard(self, sorted(old_ranks), sorted(new_ranks), buffer_bytes)
 
     def wait_staging(self) -> float:
         """Block until a staging transfer is done (the explicit barrier); returns seconds waited."""
@@ -221,19 +292,158 @@ class TorchTrainShard:
         self.trainer.optimizer.state.clear()
         self.trainer.release_reference()
 
-    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None) -> str:
-        """Write this replica's weights, optimizer and RNG (the colocated loop's format)."""
+    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
+                        ranks: list[int] | None = None) -> str:
+        """Write the weights, optimizer and RNG (the colocated loop's format). Sharded, `ranks`
+        are the train devices: every other one runs `send_optimizer_state` meanwhile, and their
+        state streams into the one optimizer file, tensor by tensor, in parameter order."""
         self.wait_staging()
+        entries = self._state_entries(ranks, self.rank) if self.sharded and ranks else None
         return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
-                                   extra))
+                                   extra, entries))
 
-    def load_checkpoint(self, path: str) -> tuple[int, int]:
-        state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer)
+    def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
+        """Sharded: this owner's part of the checkpoint train device `writer` writes."""
+        self.wait_staging()
+        self._state_entries(ranks, writer)
+
+    def _state_entries(self, ranks: list[int], writer: int):
+        """Every train device's optimizer state as the writer's file entries (train/checkpoint.py
+        `write_tensors`), in parameter order: on the writer, entries whose values arrive from
+        their owners when due; on the others, each of their own entries sent in that same order
+        (so the writer's receives meet the owners' sends one by one; nothing else is held)."""
+        ranks = sorted(ranks)
+        group = self.comm.get(ranks)
+        local = optimizer_entries_of(self.trainer.model, self.trainer.optimizer)
+        listed = [None] * len(ranks)
+        dist.all_gather_object(listed, [(name, str(dtype).removeprefix("torch."), shape)
+                                        for name, dtype, shape, _ in local], group=group)
+        order = {n: i for i, n in enumerate(self.names)}
+        every = sorted(((order[name.split("::")[0]], name, getattr(torch, dtype), tuple(shape), ranks[r])
+                        for r, entries in enumerate(listed) for name, dtype, shape in entries),
+                       key=lambda e: (e[0], e[1]))
+        mine = {name: value for name, _, _, value in local}
+        if self.rank != writer:
+            for _, name, _, _, owner in every:
+                if owner == self.rank:
+                    dist.send(mine[name]().to(self.device).contiguous(), dst=writer, group=group)
+            return None
+
+        def arriving(dtype, shape, owner):
+            def value():
+                out = torch.empty(shape, dtype=dtype, device=self.device)
+                dist.recv(out, src=owner, group=group)
+                return out
+            return value
+
+        return [(name, dtype, shape, mine[name] if owner == self.rank else arriving(dtype, shape, owner))
+                for _, name, dtype, shape, owner in every]
+
+    def load_checkpoint(self, path: str, train_ranks: list[int] | None = None) -> tuple[int, int]:
+        """`train_ranks`: the train devices the run goes on with. A device among them takes the
+        optimizer state of what it owns (all of it unsharded), any other device none; default:
+        all of it."""
+        owned = None
+        if train_ranks is not None:
+            ranks = sorted(train_ranks)
+            owned = set()
+            if self.rank in ranks:
+                first, end = owner_runs(self.sizes, len(ranks))[ranks.index(self.rank)] if self.sharded \
+                    else (0, len(self.names))
+                owned = set(self.names[first:end])
+        self.trainer.optimizer.state.clear()
+        state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer, owned)
+        self.stepped = has_optimizer_state(Path(path))
         self.on_version(state.weights_version)
         return state.step, state.weights_version
 
     def digest(self) -> str:
         return weights_digest(self.trainer.model)
+
+
+class OptimizerReshard:
+    """The state of each parameter whose owner changes, sent by its old owner to its new one point to
+    point over the larger of the two train groups (a prewarmed one: train groups are suffixes of the
+    devices, so it holds both), in parameter order on every device (so each pair's sends and
+    receives meet in order), chunk by chunk through one buffer of `buffer_bytes`. A sender frees
+    what it sent; a receiver allocates what it receives. The parameter's `step` goes first, -1
+    when no update has happened yet (nothing more follows)."""
+
+    def __init__(self, shard: TorchTrainShard, old: list[int], new: list[int], buffer_bytes: int):
+        self.shard, self.old, self.new, self.buffer_bytes = shard, old, new, buffer_bytes
+        self.report: dict = {}
+        self.task = BackgroundTask(self._run, f"device {shard.rank}: optimizer reshard {old} -> {new}")
+
+    def _run(self) -> None:
+        t0 = time.time()
+        shard, me = self.shard, self.shard.rank
+        group = shard.comm.get(self.old if len(self.old) >= len(self.new) else self.new)
+        owner_of = []
+        for ranks in (self.old, self.new):
+            runs = owner_runs(shard.sizes, len(ranks))
+            owner_of.append([ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)])
+        opt, device = shard.trainer.optimizer, shard.device
+        buf = torch.empty(max(1, min(max(shard.sizes), self.buffer_bytes // 4)), dtype=torch.float32, device=device)
+        moved = {"received": 0, "sent": 0}
+        with _side_stream(device):
+            for i, p in enumerate(shard.trainer.params):
+                src, dst = owner_of[0][i], owner_of[1][i]
+                if src == dst or me not in (src, dst):
+                    continue
+                state = opt.state.pop(p, None) if me == src else None
+                step = torch.tensor([-1.0 if state is None else float(state["step"])], device=device)
+                if me == src:
+                    dist.send(step, dst=dst, group=group)
+                else:
+                    dist.recv(step, src=src, group=group)
+                moved["sent" if me == src else "received"] += 4
+                if step.item() < 0:
+                    continue
+                if me == dst:
+                    state = {"step": torch.tensor(step.item(), dtype=torch.float32),
+                             "exp_avg": torch.empty_like(p), "exp_avg_sq": torch.empty_like(p)}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    flat = state[key].view(-1)
+                    for lo in range(0, flat.numel(), buf.numel()):
+                        chunk = buf[:min(buf.numel(), flat.numel() - lo)]
+                        if me == src:
+                            chunk.copy_(flat[lo:lo + chunk.numel()])
+                            dist.send(chunk, dst=dst, group=group)
+                        else:
+                            dist.recv(chunk, src=src, group=group)
+                            flat[lo:lo + chunk.numel()].copy_(chunk)
+                        moved["sent" if me == src else "received"] += 4 * chunk.numel()
+                if me == dst:
+                    opt.state[p] = state
+                del state
+            _sync(device)
+        if me not in self.new:
+            opt.state.clear()
+        else:
+            shard.stepped = shard.stepped or bool(opt.state)
+        self.report = {"bytes": moved["received"], "sent_bytes": moved["sent"], "seconds": time.time() - t0,
+                       "peak_buffer_bytes": 4 * buf.numel()}
+
+
+def _gather_ragged(mine: torch.Tensor, counts: list[int], me: int, group) -> torch.Tensor:
+    """Every rank's 1-D tensor (rank i's has counts[i] elements), concatenated in rank order: an
+    all-gather padded to the longest (transport only)."""
+    padded = torch.zeros(max(1, max(counts)), dtype=mine.dtype, device=mine.device)
+    padded[:counts[me]] = mine
+    pieces = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(pieces, padded, group=group)
+    return torch.cat([piece[:n] for piece, n in zip(pieces, counts)])
+
+
+def _spans(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'; '(none)' when empty."""
+    out: list[str] = []
+    for i in indices:
+        if out and int(out[-1].split("-")[-1]) == i - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{i}"
+        else:
+            out.append(str(i))
+    return ", ".join(out) or "(none)"
 
 
 class OptimizerStaging:

@@ -46,6 +46,7 @@ class WorkerSpec:
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
     gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
+    shard: str = "none"  # cluster.shard: none | optimizer (runtime/train_shard.py)
 
 
 class Device(FileEndpoint):
@@ -219,15 +220,25 @@ class Device(FileEndpoint):
         self.version = version
         return seconds
 
-    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None) -> str:
-        """`extra`: more files for the checkpoint (an async run's next samples)."""
-        if extra:
-            return self.shard.save_checkpoint(run_dir, step, version, extra)
-        return self.shard.save_checkpoint(run_dir, step, version)
+    def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
+                        ranks: list[int] | None = None) -> str:
+        """`extra`: more files for the checkpoint (an async run's next samples); `ranks`
+        (`cluster.shard: optimizer`): the train devices, each running `send_optimizer_state`."""
+        return self.shard.save_checkpoint(run_dir, step, version, extra, ranks)
 
-    def load_checkpoint(self, path: str) -> tuple[int, int]:
-        """Restore weights, optimizer and RNG from a checkpoint; returns (step, weights version)."""
-        step, self.version = self.shard.load_checkpoint(path)
+    def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
+        """`cluster.shard: optimizer`: this owner's part of the checkpoint device `writer` saves."""
+        self.shard.send_optimizer_state(writer, ranks)
+
+    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> None:
+        """`cluster.shard: optimizer`, live resize: the owners' state moves to the new owners in the
+        background; this device's next update (or checkpoint) waits for it."""
+        self.shard.reshard_optimizer(old_ranks, new_ranks, buffer_bytes)
+
+    def load_checkpoint(self, path: str, train_ranks: list[int] | None = None) -> tuple[int, int]:
+        """Restore weights, optimizer and RNG from a checkpoint; returns (step, weights version).
+        `train_ranks`: the train devices from now on (which optimizer state this device takes)."""
+        step, self.version = self.shard.load_checkpoint(path, train_ranks)
         return step, self.version
 
     def shutdown(self) -> None:
@@ -351,7 +362,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     def set_version(version: int) -> None:
         engine_call(lambda e: e.set_weights_version(version))
 
-    shard = TorchTrainShard(rank, trainer, comm, spec.bitwise, device, set_version)
+    shard = TorchTrainShard(rank, trainer, comm, spec.bitwise, device, set_version, spec.shard)
     return engine, shard, BroadcastSync(rank, model, comm, device, engine_call)
 
 

@@ -34,10 +34,11 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from poise.errors import PoiseError
 from poise.train.optim_state import place_state
@@ -66,11 +67,12 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    state: TrainState, extra: dict[str, bytes] | None = None) -> Path:
+                    state: TrainState, extra: dict[str, bytes] | None = None,
+                    optimizer_entries: list[Entry] | None = None) -> Path:
     """`write_checkpoint`, where a full disk (or any OSError) is one line (CheckpointSaveError, exit
     2) and costs nothing: the partial directory is removed, the checkpoints before it stay."""
     try:
-        return write_checkpoint(run_dir, model, optimizer, state, extra)
+        return write_checkpoint(run_dir, model, optimizer, state, extra, optimizer_entries)
     except OSError as e:
         raise save_failed(run_dir, state.step, e) from None
     except SafetensorError as e:  # safetensors' writer reports the OS error in its message only
@@ -100,25 +102,21 @@ def save_failed(run_dir: str | Path, step: int, error: OSError) -> CheckpointSav
 
 
 def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     state: TrainState, extra: dict[str, bytes] | None = None) -> Path:
+                     state: TrainState, extra: dict[str, bytes] | None = None,
+                     optimizer_entries: list[Entry] | None = None) -> Path:
     """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
     `latest` at it. Tensors are written as they are (no device-side copies). `extra`: more files
     the resumed run needs (an async run's next samples, PENDING_SAMPLES), written and verified
-    with the others."""
+    with the others. `optimizer_entries`: the optimizer state as entries (sharded: most of them
+    arrive from their owners as the file is written); default: `optimizer`'s own."""
     from poise.model.loading import save_hf_weights
 
     tmp = begin_checkpoint(run_dir, state.step)
     save_hf_weights(model, tmp)
     _test_kill("model", state.step)
-    names = {p: n for n, p in model.named_parameters()}
-    tensors = {}
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            for key, value in optimizer.state.get(p, {}).items():
-                # no clone: Adam's moments are contiguous already, so this holds no second copy
-                tensors[f"{names[p]}::{key}"] = torch.as_tensor(value).detach().contiguous()
-    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"format": "pt"})
-    del tensors
+    if optimizer_entries is None:
+        optimizer_entries = optimizer_entries_of(model, optimizer)
+    write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
     _test_kill("optimizer", state.step)
     for name, data in (extra or {}).items():
         (tmp / name).write_bytes(data)
@@ -128,6 +126,48 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
                                                 "torch_rng": rng, "files": sizes, "sha256": file_digests(tmp)}) + "\n")
     _test_kill("state", state.step)
     return commit_checkpoint(tmp, run_dir, state.step)
+
+
+# One tensor of a streamed safetensors file: (name, dtype, shape, a function returning its value).
+Entry = tuple[str, torch.dtype, tuple[int, ...], Callable[[], torch.Tensor]]
+_DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16",
+           torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def optimizer_entries_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[Entry]:
+    """The optimizer state this process holds as entries `name::field`, in parameter order and
+    field name order: the order of the optimizer file, whoever holds the state."""
+    entries = []
+    for name, p in model.named_parameters():
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            value = torch.as_tensor(value)
+            entries.append((f"{name}::{key}", value.dtype, tuple(value.shape), lambda v=value: v))
+    return entries
+
+
+def write_tensors(path: Path, entries: list[Entry]) -> None:
+    """A safetensors file written one tensor at a time, in the order of `entries` (each value is
+    asked for when its bytes are due, so a sharded save holds one tensor of a peer's state, not the
+    whole state). The format (an 8-byte header length, the JSON header padded to 8 bytes, the data)
+    is safetensors' own; `safetensors.safe_open` reads it. The bytes depend only on the entries, so
+    every shard mode and number of train devices writes the same file."""
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape, _ in entries:
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, dtype, shape, value in entries:
+            tensor = value().detach().to("cpu").contiguous()
+            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+                raise RuntimeError(f"optimizer state {name}: got {tensor.dtype} {tuple(tensor.shape)}, announced "
+                                   f"{dtype} {shape}")
+            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
@@ -308,25 +348,39 @@ def check_finite(step: int, stats: dict, run_dir: str | Path) -> None:
                          f"the run stopped before saving it; {where}")
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainState:
-    """Restore weights, optimizer moments and RNG in place; returns the saved TrainState."""
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    owned: set[str] | None = None) -> TrainState:
+    """Restore weights, optimizer moments and RNG in place; returns the saved TrainState.
+    `owned`: the parameters whose optimizer state this process takes (sharded, or none on a device
+    that does not train); default: every parameter's. Only those tensors are read."""
     weights = load_file(str(path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {n for n in missing if n == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise PoiseError(f"checkpoint '{path}' does not match the model: missing {sorted(set(missing) - tied)}, "
                          f"unexpected {sorted(unexpected)}")
-    saved = load_file(str(path / "optimizer.safetensors"))
+    from safetensors import safe_open
+
     params = dict(model.named_parameters())
     by_param: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in saved.items():
-        name, field = key.split("::")
-        by_param.setdefault(name, {})[field] = value
+    with safe_open(str(path / "optimizer.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            name, field = key.split("::")
+            if owned is None or name in owned:
+                by_param.setdefault(name, {})[field] = f.get_tensor(key)
     for name, fields in by_param.items():  # onto the parameter's device and dtype (issue 31)
         optimizer.state[params[name]] = place_state(optimizer, params[name], fields)
     meta = json.loads((path / "state.json").read_text())
     torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))
     return TrainState(step=meta["step"], weights_version=meta["weights_version"])
+
+
+def has_optimizer_state(path: Path) -> bool:
+    """Whether checkpoint `path` holds optimizer state (none before the first update)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / "optimizer.safetensors"), framework="pt") as f:
+        return bool(list(f.keys()))
 
 
 # --- the durable-write pieces ----------------------------------------------------------------

@@ -231,17 +231,35 @@ class PolicyTrainer:
                 p.grad = None
         return hook
 
-    def apply_update(self, summed_grads: list[torch.Tensor], normaliser: float) -> float:
+    def apply_update(self, summed_grads: list[torch.Tensor], normaliser: float, first: int = 0,
+                     gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
         """Divide the tree-summed gradient by the step's normaliser, clip, and take one AdamW step.
 
-        Returns the gradient norm before clipping.
+        Returns the gradient norm before clipping. Sharded (`cluster.shard: optimizer`): the
+        gradients are those of parameters `first`, `first + 1`, ... (this owner's run) and `gather`
+        turns this owner's per-parameter norms into every parameter's, in order. The norm is then
+        `clip_grad_norm_`'s own arithmetic (each tensor's norm, then the norm of their stack), so it
+        has the unsharded bits; AdamW steps only the parameters given a gradient, so an owner holds
+        and updates the state of its run alone.
         """
-        for p, g in zip(self.params, summed_grads):
+        params = self.params[first:first + len(summed_grads)]
+        for p, g in zip(params, summed_grads):
             p.grad = g / normaliser
-        if self.cfg.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, foreach=False)
+        grads = [p.grad for p in params]
+        if gather is None:
+            if self.cfg.max_grad_norm > 0:
+                norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm, foreach=False)
+            else:
+                norm = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+        elif self.cfg.max_grad_norm > 0:
+            norms = gather(torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]) if grads
+                           else torch.zeros(0, device=self.params[0].device))
+            norm = torch.linalg.vector_norm(norms, 2.0)  # = clip_grad_norm_'s vector_norm(stack(norms))
+            torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, norm, foreach=False)
         else:
-            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in self.params))
+            squares = gather(torch.stack([(g.double() ** 2).sum() for g in grads]) if grads
+                             else torch.zeros(0, dtype=torch.float64, device=self.params[0].device))
+            norm = torch.sqrt(sum(squares.unbind()))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
