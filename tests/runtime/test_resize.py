@@ -94,6 +94,33 @@ def test_resize_events_record_each_switch(ray_session, runs, mode):
     assert resize_rows == {1, 2}  # the devices that switched at some point
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray_session, runs, warm_start, mode):
+    """cluster.shard=optimizer: at every switch each parameter whose owner changes has its state
+    sent by its old owner to its new one (through the bounded buffer); the run ends with the bytes
+    of the unsharded static 2+2 run."""
+    static = runs.get(f"{mode}-static", train_disaggregated, f"pipeline.mode={mode}", "cluster.split=[2,2]")
+    resized = runs.get(f"{mode}-sharded-resized", train_disaggregated, f"pipeline.mode={mode}",
+                       "cluster.split=[2,2]", SCHEDULE, "cluster.shard=optimizer")
+    resized.assert_learned(warm_start)
+    assert [r["split"] for r in resized.rows] == EXPECTED_SPLITS
+    resized.assert_bitwise_equal(static, f"{mode}: sharded resized vs static 2+2")
+    events = _resizes(resized)
+    assert len(events) == 3
+    for e in events:
+        moved = e["optimizer_bytes_by_device"]
+        owners = set(range(e["from_split"][0], 4)) | set(range(e["to_split"][0], 4))  # old and new train devices
+        assert set(map(int, moved)) == owners, e
+        assert e["optimizer_bytes"] > 4 * e["peak_host_buffer_bytes"] > 0, e  # owner to owner, in chunks
+        assert e["peak_host_buffer_bytes"] <= 0.05 * 2**20, e
+        assert e["groups_created"] == 0, e
+    held = {}
+    for e in resized.events:
+        if e["kind"] == "interval" and e["phase"] == "update":
+            held.setdefault(e["step"], []).append(e["optimizer_bytes"])
+    assert len({sum(parts) for parts in held.values()}) == 1, held  # the whole state, once, at every split
+
+
 def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):
     """The baseline (checkpoint, kill every actor, start new ones on the new split, reload) ends
     where the live resizes and the static split do; every device stopped for it."""
