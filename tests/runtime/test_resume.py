@@ -71,6 +71,34 @@ def test_sync_2_2_resumes_onto_another_layout(ray_session, tmp_path, tmp_path_fa
         assert [r["split"] for r in got.rows] == [[2, 2], [2, 2], [3, 1]]
 
 
+@pytest.fixture(scope="module")
+def crashed_sharded(tmp_path_factory, warm_start):
+    """A sync 2+2 run with cluster.shard=optimizer that stopped with checkpoints after steps 0 and 1."""
+    run_dir = tmp_path_factory.mktemp("resume") / "sharded-crashed"
+    cfg = config(run_dir, warm_start, "pipeline.mode=sync", "cluster.shard=optimizer")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
+    return run_dir
+
+
+@pytest.mark.parametrize("target", ["1+3", "colocated"])
+def test_sharded_2_2_resumes_onto_another_layout(ray_session, tmp_path, tmp_path_factory, crashed_sharded,
+                                                 warm_start, read_run, target):
+    """The owners' state, written as one file, reshards on load: onto three owners, and onto the
+    colocated loop's one optimizer."""
+    straight = baseline("sync", tmp_path_factory, warm_start, read_run)
+    run_dir = _copy(crashed_sharded, tmp_path / "run")
+    if target == "colocated":
+        train_colocated(config(run_dir, warm_start, "pipeline.mode=colocated"), resume=True)
+    else:
+        train_disaggregated(config(run_dir, warm_start, "pipeline.mode=sync", "cluster.split=[1,3]",
+                                   "cluster.shard=optimizer"), resume=True)
+    got = read_run(run_dir)
+    got.assert_learned(warm_start)
+    got.assert_bitwise_equal(straight, f"sharded 2+2 crashed at step 2, resumed on {target} vs straight 2+2")
+    assert_logged_once(got)
+
+
 def test_async_resume_is_byte_identical(ray_session, tmp_path, tmp_path_factory, warm_start, read_run):
     straight = baseline("async", tmp_path_factory, warm_start, read_run)
     cfg = config(tmp_path, warm_start, "pipeline.mode=async")
