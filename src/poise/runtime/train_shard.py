@@ -13,6 +13,7 @@ number of train devices (addition is element-wise: a slice's sums are the whole 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import time
@@ -28,6 +29,8 @@ from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkp
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
 from poise.train.sharding import element_bounds, owner_runs
 from poise.train.trainer import PolicyTrainer, param_views
+
+PARAMETER_CHUNK = 4 * 2**20  # elements per owner per all-gather of updated parameters (16 MB in fp32)
 
 
 class CommunicatorCache:
@@ -218,16 +221,34 @@ class TorchTrainShard:
         norm = self.trainer.apply_update(param_views(part, self.trainer.shapes[first:end]), normaliser, first,
                                          lambda mine: _gather_ragged(mine, counts, me, group))
         self.stepped = True
-        with torch.no_grad():  # the updated runs of every owner, into this device's parameters
-            mine = [p.detach().reshape(-1) for p in self.trainer.params[first:end]]
-            flat = torch.cat(mine) if mine else torch.zeros(0, device=self.device)
-            whole = _gather_ragged(flat, [b - a for a, b in bounds], me, group)
-            for i, (p, value) in enumerate(zip(self.trainer.params, param_views(whole, self.trainer.shapes))):
-                if not first <= i < end:
-                    p.copy_(value)
+        gathered = self._gather_parameters(bounds, me, group)
         if received is not None:
-            received += 4 * max(counts) * len(ranks) + 4 * max(b - a for a, b in bounds) * len(ranks)
+            received += 4 * max(counts) * len(ranks) + gathered
         return norm, received
+
+    @torch.no_grad()
+    def _gather_parameters(self, bounds: list[tuple[int, int]], me: int, group,
+                           chunk: int = PARAMETER_CHUNK) -> int:
+        """Every owner's updated run into this device's parameters, by all-gathers of at most
+        `chunk` elements per owner (one buffer of W x chunk, never a second copy of the model);
+        returns the bytes received."""
+        flat = _FlatParameters(self.trainer.params)
+        width = max(b - a for a, b in bounds)
+        received = 0
+        for offset in range(0, width, chunk):
+            n = min(chunk, width - offset)
+            mine = torch.zeros(n, dtype=torch.float32, device=self.device)
+            lo, hi = bounds[me]
+            if lo + offset < hi:
+                flat.read(lo + offset, mine[:min(n, hi - lo - offset)])
+            pieces = [torch.empty_like(mine) for _ in bounds]
+            dist.all_gather(pieces, mine, group=group)
+            received += 4 * n * len(bounds)
+            for owner, ((a, b), piece) in enumerate(zip(bounds, pieces)):
+                if owner != me and a + offset < b:
+                    flat.write(a + offset, piece[:min(n, b - a - offset)])
+            del pieces
+        return received
 
     def _check_state(self, first: int, end: int) -> None:
         """An owner steps with the state of exactly its run (all of it once any update happened):
@@ -423,6 +444,34 @@ class OptimizerReshard:
             shard.stepped = shard.stepped or bool(opt.state)
         self.report = {"bytes": moved["received"], "sent_bytes": moved["sent"], "seconds": time.time() - t0,
                        "peak_buffer_bytes": 4 * buf.numel()}
+
+
+class _FlatParameters:
+    """The parameters as one flat vector, read and written by element range without building it."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+        self.starts = [0]
+        for p in params:
+            self.starts.append(self.starts[-1] + p.numel())
+
+    def _spans(self, lo: int, n: int):
+        i = bisect.bisect_right(self.starts, lo) - 1
+        done = 0
+        while done < n:
+            p, at = self.params[i], lo + done - self.starts[i]
+            k = min(p.numel() - at, n - done)
+            yield p.view(-1)[at:at + k], done, k
+            done += k
+            i += 1
+
+    def read(self, lo: int, out: torch.Tensor) -> None:
+        for view, done, k in self._spans(lo, out.numel()):
+            out[done:done + k].copy_(view)
+
+    def write(self, lo: int, values: torch.Tensor) -> None:
+        for view, done, k in self._spans(lo, values.numel()):
+            view.copy_(values[done:done + k])
 
 
 def _gather_ragged(mine: torch.Tensor, counts: list[int], me: int, group) -> torch.Tensor:

@@ -1,0 +1,132 @@
+"""What `cluster.shard: optimizer` saves on each train device: AdamW state bytes and peak memory.
+
+    .venv/bin/python benchmarks/shard_memory.py [--shape 100m] [--world 4] [--micro 2] [--updates 2]
+
+`--world` gloo processes on this machine, each a train device as the runtime builds it
+(`PolicyTrainer` + `TorchTrainShard`, bitwise mode, 1 torch thread): each computes its `--micro`
+micro-batches of a random model of the built-in family (the same samples in every mode), then the
+update (the exchange, the clip, AdamW, and with `optimizer` the all-gather of the parameters), for
+`--updates` updates. Per mode, measured in each process: the AdamW state it holds after the last
+update (bytes of its tensors) and its peak RSS (getrusage). `floor` is one process that runs one
+micro-batch's forward/backward and nothing else (the memory no sharding of the state can remove).
+The weights after the last update are checked bit for bit between the modes.
+
+Writes bench-results/shard_memory-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import resource
+import time
+
+from results import write_results  # benchmarks/results.py
+from train_memory import SHAPES, _model, memory_cell
+
+MB = 2**20
+
+
+def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int, updates: int, samples: int,
+           tokens: int, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from poise.config import AlgorithmConfig
+    from poise.policy.plan import contiguous_ranges
+    from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
+    from poise.train.reduce import index_nodes
+    from poise.train.trainer import PolicyTrainer
+    from poise.types import Sample
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    model, tok = _model(shape)
+    trainer = PolicyTrainer(model, AlgorithmConfig(), tok.pad_id)
+    shard = TorchTrainShard(rank, trainer, CommunicatorCache(), True, torch.device("cpu"), lambda v: None, shard)
+    m = micro * world
+    ranges = contiguous_ranges(m, world)
+    rows = max(len(index_nodes(range(a, b), m)) for a, b in ranges)
+    lo, hi = ranges[rank]
+    t0 = time.perf_counter()
+    out = {}
+    for u in range(updates):
+        gen = torch.Generator().manual_seed(u)
+        batches = [[Sample((u, i, j), tuple(torch.randint(4, tok.vocab_size, (16,), generator=gen).tolist()),
+                           tuple(torch.randint(4, tok.vocab_size, (tokens,), generator=gen).tolist()),
+                           tuple([-2.0] * tokens), "stop", 0, 0.0, 0.0, tokens) for j in range(samples)]
+                   for i in range(m)]  # every rank draws every micro-batch: the same samples in any split
+        for i in range(lo, hi):
+            shard.train_micro_batch(i, batches[i], list(torch.linspace(-1, 1, samples).tolist()))
+        out = shard.apply_update(m, list(range(lo, hi)), float(m * samples * tokens), list(range(world)), rows)
+    digest = hashlib.sha256()
+    for p in trainer.params:
+        digest.update(p.detach().numpy().tobytes())
+    queue.put({"rank": rank, "optimizer_bytes": out["optimizer_bytes"], "received_bytes": out.get("received_bytes"),
+               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "seconds": time.perf_counter() - t0, "digest": digest.hexdigest()[:16],
+               "params": trainer.numel})
+    dist.destroy_process_group()
+
+
+def run(world: int, shard: str, args, port: int) -> dict:
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=device, args=(r, world, port, args.shape, shard, args.micro, args.updates,
+                                              args.samples, args.tokens, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    rows = sorted((queue.get(timeout=1800) for _ in procs), key=lambda r: r["rank"])
+    for p in procs:
+        p.join()
+    return {"shard": shard, "world": world, "devices": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="100m", choices=sorted(SHAPES))
+    ap.add_argument("--world", type=int, default=4, help="train devices (processes)")
+    ap.add_argument("--micro", type=int, default=2, help="micro-batches per device per update")
+    ap.add_argument("--updates", type=int, default=2)
+    ap.add_argument("--samples", type=int, default=2, help="sequences per micro-batch")
+    ap.add_argument("--tokens", type=int, default=32, help="response tokens per sequence (after 16 prompt tokens)")
+    args = ap.parse_args()
+
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:  # its own process: its peak is its own
+        floor = pool.apply(memory_cell, (args.shape, "floor", 1, args.samples, args.tokens))
+    runs = [run(args.world, shard, args, 29700 + i) for i, shard in enumerate(["none", "optimizer"])]
+    params = runs[0]["devices"][0]["params"]
+    print(f"\n{args.shape} ({params / 1e6:.1f}M parameters; fp32 weights {4 * params / MB:.0f} MB, AdamW state "
+          f"{8 * params / MB:.0f} MB), {args.world} train devices, {args.micro} micro-batches of {args.samples} x "
+          f"(16 + {args.tokens}) tokens each per update, {args.updates} updates, 1 thread per device")
+    print(f"floor (one micro-batch's forward/backward alone): peak RSS {floor['peak_rss_mb']:.0f} MB")
+    print(f"{'shard':<10} {'AdamW MB per device':>28} {'peak RSS MB per device':>30} {'max - floor':>12}")
+    for r in runs:
+        state = [d["optimizer_bytes"] / MB for d in r["devices"]]
+        peak = [d["peak_rss_mb"] for d in r["devices"]]
+        r["state_max_mb"], r["peak_max_mb"] = max(state), max(peak)
+        r["above_floor_mb"] = max(peak) - floor["peak_rss_mb"]
+        print(f"{r['shard']:<10} {' '.join(f'{s:6.0f}' for s in state):>28} {' '.join(f'{p:6.0f}' for p in peak):>30}"
+              f" {r['above_floor_mb']:>12.0f}")
+    none, sharded = runs
+    ratios = {"state_max": sharded["state_max_mb"] / none["state_max_mb"],
+              "peak_max": sharded["peak_max_mb"] / none["peak_max_mb"],
+              "above_floor": sharded["above_floor_mb"] / none["above_floor_mb"]}
+    print(f"optimizer / none: most AdamW state on a device {ratios['state_max']:.3f}, peak RSS "
+          f"{ratios['peak_max']:.3f}, peak above the floor {ratios['above_floor']:.3f}")
+    digests = {d["digest"] for r in runs for d in r["devices"]}
+    print(f"weights after the last update: {'identical' if len(digests) == 1 else 'DIFFER'} in every device and mode")
+    write_results("shard_memory", {"args": vars(args), "floor": floor, "runs": runs, "ratios": ratios,
+                                   "identical": len(digests) == 1})
+    if len(digests) != 1:
+        raise SystemExit(f"the weights differ between modes or devices: {sorted(digests)}")
+
+
+if __name__ == "__main__":
+    main()
