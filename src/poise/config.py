@@ -96,6 +96,10 @@ class ModelConfig:
                                         "null builds the tiny model from `tiny` with run.seed")
     tiny: TinyModelConfig = help_factory(TinyModelConfig, "shape of the built-in tiny model")
     sft_if_missing: bool = help_field(False, "if `path` does not exist, make it with `poise sft` first")
+    dtype: Literal["float32", "bfloat16"] = help_field(
+        "float32", "compute dtype of the trainer and the engine (weights, activations, KV cache, weight sync); "
+                   "bfloat16 keeps fp32 master weights and AdamW state, starting from the weights rounded to "
+                   "bfloat16; bitwise holds within one dtype")
     sft: SFTConfig = help_factory(SFTConfig, "the warm start used by sft_if_missing and `poise sft`")
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import torch
 
 from poise.config import load_train_config
 from poise.data.tasks import TaskSource
@@ -141,6 +142,27 @@ def test_sharded_optimizer_state_equals_colocated_for_every_split(ray_session, r
     assert sum(parts) == full, (parts, full)  # every parameter's state once, nowhere twice
     if split[1] > 1:
         assert max(parts) < full, (parts, full)
+
+
+@pytest.mark.parametrize("split,shard", [((1, 3), "optimizer"), ((3, 1), "none")], ids=["1+3-optimizer", "3+1-none"])
+def test_bfloat16_equals_the_bfloat16_colocated_loop(ray_session, runs, warm_start, split, shard):
+    """model.dtype=bfloat16: bf16 compute in the engine and the trainer, fp32 masters and moments
+    (in the optimizer state, so they reshard and checkpoint with it); the bitwise promise holds
+    within the dtype, sharded or not, and the run is not the fp32 one."""
+    reference = runs.colocated_with("model.dtype=bfloat16")
+    reference.assert_learned(warm_start)
+    got = runs.disaggregated("sync", split, "model.dtype=bfloat16", f"cluster.shard={shard}")
+    got.assert_learned(warm_start)
+    got.assert_bitwise_equal(reference, f"sync {split} bf16 shard={shard} vs colocated bf16")
+    fp32 = runs.colocated()
+    assert reference.samples != fp32.samples  # bf16 computes something else
+    from safetensors import safe_open
+
+    with safe_open(str(got.checkpoint(STEPS) / "optimizer.safetensors"), framework="pt") as f:
+        masters = [k for k in f.keys() if k.endswith("::master")]
+        assert masters and all(f.get_tensor(k).dtype == torch.float32 for k in masters)
+    with safe_open(str(got.checkpoint(STEPS) / "model.safetensors"), framework="pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 
 
 def _helped_steps(run, split) -> set[int]:

@@ -620,6 +620,10 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         cfg = emulation.cfg  # prompts per step and group size are the scenario workload's
     else:
         _prepare_model(cfg)
+        if cfg.model.dtype != "float32":  # one line where this CPU would emulate it
+            from poise.train.setup import compute_dtype
+
+            compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     rewards = RewardScorer(cfg.reward) if emulation is None else None  # the reward sandbox: user code loads there
     source: StepSource = emulation if emulation is not None else \

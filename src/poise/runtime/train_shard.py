@@ -66,7 +66,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -237,13 +237,13 @@ class TorchTrainShard:
         received = 0
         for offset in range(0, width, chunk):
             n = min(chunk, width - offset)
-            mine = torch.zeros(n, dtype=torch.float32, device=self.device)
+            mine = torch.zeros(n, dtype=self.trainer.params[0].dtype, device=self.device)
             lo, hi = bounds[me]
             if lo + offset < hi:
                 flat.read(lo + offset, mine[:min(n, hi - lo - offset)])
             pieces = [torch.empty_like(mine) for _ in bounds]
             dist.all_gather(pieces, mine, group=group)
-            received += 4 * n * len(bounds)
+            received += mine.element_size() * n * len(bounds)
             for owner, ((a, b), piece) in enumerate(zip(bounds, pieces)):
                 if owner != me and a + offset < b:
                     flat.write(a + offset, piece[:min(n, b - a - offset)])
@@ -421,9 +421,9 @@ class OptimizerReshard:
                 if step.item() < 0:
                     continue
                 if me == dst:
-                    state = {"step": torch.tensor(step.item(), dtype=torch.float32),
-                             "exp_avg": torch.empty_like(p), "exp_avg_sq": torch.empty_like(p)}
-                for key in ("exp_avg", "exp_avg_sq"):
+                    state = shard.trainer.fresh_state(p)
+                    state["step"].fill_(step.item())
+                for key in shard.trainer.state_fields():
                     flat = state[key].view(-1)
                     for lo in range(0, flat.numel(), buf.numel()):
                         chunk = buf[:min(buf.numel(), flat.numel() - lo)]
@@ -515,11 +515,9 @@ class OptimizerStaging:
         views = []
         for p in self.trainer.params:
             if self.rank != self.src:  # the receiver writes straight into fresh state tensors
-                opt.state[p] = {"step": torch.zeros((), dtype=torch.float32),
-                                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                                "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+                opt.state[p] = self.trainer.fresh_state(p)
             st = opt.state[p]
-            views += [st["step"].view(1), st["exp_avg"].view(-1), st["exp_avg_sq"].view(-1)]
+            views += [st["step"].view(1)] + [st[key].view(-1) for key in self.trainer.state_fields()]
         return views
 
     def _run(self) -> None:

@@ -349,13 +349,14 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
                             world_size=world_size, timeout=timeout)
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
-    model = _initial_policy(spec, tokenizer).to(device)
+    dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
+    model = _initial_policy(spec, tokenizer).to(device, dtype)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
         bitwise_cuda(device, model.config.model_type)
     ref = None
     if spec.algorithm.kl_coef > 0:  # built at this device's first micro-batch: a rollout device holds none
         def ref():
-            return _initial_policy(spec, tokenizer).to(device).requires_grad_(False).eval()
+            return _initial_policy(spec, tokenizer).to(device, dtype).requires_grad_(False).eval()
     trainer = PolicyTrainer(model, spec.algorithm, tokenizer.pad_id, ref)
     engine = Engine(model, spec.rollout, spec.algorithm.sampling, spec.seed, tokenizer.eos_id, clock=time.time)
 

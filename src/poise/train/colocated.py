@@ -28,7 +28,7 @@ from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, la
                                     prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
-from poise.train.setup import make_model, pin_threads, run_device
+from poise.train.setup import compute_dtype, make_model, pin_threads, run_device
 from poise.train.trainer import PolicyTrainer
 from poise.types import Request, SampleId
 
@@ -44,12 +44,13 @@ class ColocatedLoop:
         # the reward sandbox starts first: a reward function that cannot load fails before any work
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
         self.tokenizer = self.steps.tokenizer
-        self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress).to(self.device)
+        dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
+        self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress).to(self.device, dtype)
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
         if algo.kl_coef > 0:
-            ref = make_model(cfg, self.tokenizer, progress=False).to(self.device).requires_grad_(False).eval()
+            ref = make_model(cfg, self.tokenizer, progress=False).to(self.device, dtype).requires_grad_(False).eval()
         self.trainer = PolicyTrainer(self.model, algo, self.tokenizer.pad_id, ref)
         # The engine runs the trainer's own modules: colocated weights need no sync.
         context = fitted_context(cfg.model, cfg.rollout.max_context, self.steps.longest_prompt(),

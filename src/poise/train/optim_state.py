@@ -25,8 +25,9 @@ def place_state(optimizer: torch.optim.Optimizer, param: torch.Tensor,
         value = torch.as_tensor(value)
         if key == "step":
             out[key] = value.to(device=param.device if on_device else "cpu", dtype=torch.float32, copy=True)
-        elif value.is_floating_point():
-            out[key] = value.to(device=param.device, dtype=param.dtype, copy=True)
+        elif value.is_floating_point():  # mixed precision keeps fp32 state beside bf16/fp16 weights
+            dtype = torch.float32 if param.dtype in (torch.bfloat16, torch.float16) else param.dtype
+            out[key] = value.to(device=param.device, dtype=dtype, copy=True)
         else:
             out[key] = value.to(device=param.device, copy=True)
     return out

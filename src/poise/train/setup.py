@@ -5,12 +5,12 @@ The tokenizer and the prompts come from poise.data.prompts (torch-free, shared w
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 
 from poise.config import ClusterConfig, TrainConfig
-from poise.errors import PoiseError
 from poise.data.tokenizer import Tokenizer
 from poise.errors import PoiseError
 from poise.model.loading import build_tiny, load_model
@@ -74,6 +74,23 @@ def run_device(device: str) -> torch.device:
         raise PoiseError(f"cluster.device={device}, but torch {torch.__version__} cannot use it here ({first}); "
                          "install a CUDA build of torch (README, GPUs) or set cluster.device=cpu") from None
     return target
+
+
+def compute_dtype(name: str, device: str = "cpu") -> torch.dtype:
+    """`model.dtype` as a torch dtype; says, in one line, when a CPU device has no native bfloat16."""
+    dtype = getattr(torch, name)
+    if dtype == torch.bfloat16 and device == "cpu" and not _native_bf16():
+        print("poise: warning: this CPU has no native bfloat16 (AVX512-BF16 or AMX): model.dtype=bfloat16 runs "
+              "emulated, slower than float32", file=sys.stderr)
+    return dtype
+
+
+def _native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True  # not Linux: nothing to say
+    return "avx512_bf16" in flags or "amx_bf16" in flags or "flags" not in flags
 
 
 def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:

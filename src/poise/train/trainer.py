@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
+from torch.optim.adam import adam
 
 from poise.algo.losses import grpo_loss
 from poise.config import AlgorithmConfig
@@ -180,6 +181,24 @@ class PolicyTrainer:
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            foreach=False)
+        # model.dtype below float32 (bfloat16): the parameters are the compute weights; each one's
+        # fp32 master copy lives in its optimizer state beside the moments (`master`), made from the
+        # compute weights at its first update, so it moves, reshards and checkpoints with them
+        self.mixed = self.params[0].dtype != torch.float32
+
+    def fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Zeroed optimizer state of parameter `p`, to receive a transfer into (fp32 moments, and
+        the fp32 master in mixed precision)."""
+        state = {"step": torch.zeros((), dtype=torch.float32),
+                 "exp_avg": torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                 "exp_avg_sq": torch.zeros(p.shape, dtype=torch.float32, device=p.device)}
+        if self.mixed:
+            state["master"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        return state
+
+    def state_fields(self) -> tuple[str, ...]:
+        """The tensor fields of a parameter's optimizer state besides `step`, in transfer order."""
+        return ("exp_avg", "exp_avg_sq", "master") if self.mixed else ("exp_avg", "exp_avg_sq")
 
     @property
     def ref_model(self) -> torch.nn.Module | None:
@@ -243,6 +262,8 @@ class PolicyTrainer:
         and updates the state of its run alone.
         """
         params = self.params[first:first + len(summed_grads)]
+        if self.mixed:
+            return self._mixed_update(params, [g / normaliser for g in summed_grads], gather)
         for p, g in zip(params, summed_grads):
             p.grad = g / normaliser
         grads = [p.grad for p in params]
@@ -262,6 +283,39 @@ class PolicyTrainer:
             norm = torch.sqrt(sum(squares.unbind()))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def _mixed_update(self, params: list[torch.Tensor], grads: list[torch.Tensor],
+                      gather: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
+        """Mixed precision: clip the fp32 gradients by their global norm (the arithmetic of the fp32
+        path: each tensor's norm, the norm of their stack), step AdamW's own function on the fp32
+        masters, and round them into the compute weights."""
+        device = self.params[0].device
+        norms = torch.stack([torch.linalg.vector_norm(g, 2.0) for g in grads]) if grads \
+            else torch.zeros(0, device=device)
+        norms = gather(norms) if gather is not None else norms
+        norm = torch.linalg.vector_norm(norms, 2.0)
+        if self.cfg.max_grad_norm > 0:
+            scale = torch.clamp(self.cfg.max_grad_norm / (norm + 1e-6), max=1.0)
+            for g in grads:
+                g.mul_(scale)
+        states = []
+        for p in params:
+            state = self.optimizer.state[p]
+            if not state:  # the first update: the master starts as the compute weights, exactly
+                state.update(self.fresh_state(p))
+                state["master"].copy_(p.detach())
+            states.append(state)
+        group = self.optimizer.param_groups[0]
+        beta1, beta2 = group["betas"]
+        with torch.no_grad():
+            adam([s["master"] for s in states], grads, [s["exp_avg"] for s in states],
+                 [s["exp_avg_sq"] for s in states], [], [s["step"] for s in states], foreach=False,
+                 capturable=False, differentiable=False, fused=None, grad_scale=None, found_inf=None,
+                 has_complex=False, decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2,
+                 lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+            for p, s in zip(params, states):
+                p.copy_(s["master"])
         return float(norm)
 
     def train_step(self, samples: Sequence[SampleLike], advantages: dict[tuple[int, int, int], float]) -> dict:
