@@ -221,34 +221,11 @@ class TorchTrainShard:
         norm = self.trainer.apply_update(param_views(part, self.trainer.shapes[first:end]), normaliser, first,
                                          lambda mine: _gather_ragged(mine, counts, me, group))
         self.stepped = True
-        gathered = self._gather_parameters(bounds, me, group)
+        gathered = gather_runs(self.trainer.params, bounds, me, group)
         if received is not None:
             received += 4 * max(counts) * len(ranks) + gathered
         return norm, received
 
-    @torch.no_grad()
-    def _gather_parameters(self, bounds: list[tuple[int, int]], me: int, group,
-                           chunk: int = PARAMETER_CHUNK) -> int:
-        """Every owner's updated run into this device's parameters, by all-gathers of at most
-        `chunk` elements per owner (one buffer of W x chunk, never a second copy of the model);
-        returns the bytes received."""
-        flat = _FlatParameters(self.trainer.params)
-        width = max(b - a for a, b in bounds)
-        received = 0
-        for offset in range(0, width, chunk):
-            n = min(chunk, width - offset)
-            mine = torch.zeros(n, dtype=self.trainer.params[0].dtype, device=self.device)
-            lo, hi = bounds[me]
-            if lo + offset < hi:
-                flat.read(lo + offset, mine[:min(n, hi - lo - offset)])
-            pieces = [torch.empty_like(mine) for _ in bounds]
-            dist.all_gather(pieces, mine, group=group)
-            received += mine.element_size() * n * len(bounds)
-            for owner, ((a, b), piece) in enumerate(zip(bounds, pieces)):
-                if owner != me and a + offset < b:
-                    flat.write(a + offset, piece[:min(n, b - a - offset)])
-            del pieces
-        return received
 
     def _check_state(self, first: int, end: int) -> None:
         """An owner steps with the state of exactly its run (all of it once any update happened):
@@ -444,6 +421,31 @@ class OptimizerReshard:
             shard.stepped = shard.stepped or bool(opt.state)
         self.report = {"bytes": moved["received"], "sent_bytes": moved["sent"], "seconds": time.time() - t0,
                        "peak_buffer_bytes": 4 * buf.numel()}
+
+
+@torch.no_grad()
+def gather_runs(params: list[torch.Tensor], bounds: list[tuple[int, int]], me: int, group,
+                chunk: int = PARAMETER_CHUNK) -> int:
+    """Every owner's run (`bounds`: element ranges of the flat parameters, in the group's rank
+    order; this rank is `me`) into `params`, by all-gathers of at most `chunk` elements per owner:
+    one buffer of W x chunk, never a second copy of the model. Returns the bytes received."""
+    flat = _FlatParameters(params)
+    width = max(b - a for a, b in bounds)
+    received = 0
+    for offset in range(0, width, chunk):
+        n = min(chunk, width - offset)
+        mine = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        lo, hi = bounds[me]
+        if lo + offset < hi:
+            flat.read(lo + offset, mine[:min(n, hi - lo - offset)])
+        pieces = [torch.empty_like(mine) for _ in bounds]
+        dist.all_gather(pieces, mine, group=group)
+        received += mine.element_size() * n * len(bounds)
+        for owner, ((a, b), piece) in enumerate(zip(bounds, pieces)):
+            if owner != me and a + offset < b:
+                flat.write(a + offset, piece[:min(n, b - a - offset)])
+        del pieces
+    return received
 
 
 class _FlatParameters:
