@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 
 
@@ -58,3 +60,18 @@ def test_existing_run_is_not_overwritten(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     assert_one_line_error(poise("train", f"run.dir={run}"), "already holds a run", "--resume")
     assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'  # nothing lost
+
+
+@pytest.mark.parametrize("override,fragments", [
+    ("cluster.shard=full", ["cluster.shard", "full", "none", "optimizer"]),  # parameter sharding: not built
+    ("cluster.shard=zero3", ["cluster.shard", "zero3"]),
+    ("model.dtype=float16", ["model.dtype", "float16", "bfloat16"]),
+    ("model.dtype=bf16", ["model.dtype", "bf16", "bfloat16"]),
+])
+def test_unknown_shard_mode_or_dtype(tmp_path, override, fragments):
+    assert_one_line_error(poise("train", override, f"run.dir={tmp_path}/run"), *fragments)
+
+
+def test_assist_with_sharded_optimizer_state(tmp_path):
+    assert_one_line_error(poise("train", "pipeline.assist=true", "cluster.shard=optimizer", f"run.dir={tmp_path}/run"),
+                          "pipeline.assist", "cluster.shard=optimizer")
