@@ -13,6 +13,9 @@
 #   shared-resume    2 more steps of it with --resume
 #   bitwise-repeat   two colocated runs, the same bytes of weights and optimizer state
 #   bitwise-split    the shared-GPU run with its resize ends with the colocated run's weights
+#   sharded-bf16     the shared-GPU run in bfloat16 with cluster.shard=optimizer (two owners of the
+#                    AdamW state and fp32 masters, a resize 2+1 -> 1+2 resharding them), against a
+#                    colocated bfloat16 run: the same bytes of weights and optimizer state
 #   engine-bench     benchmarks/engine.py on the GPU (fast and bitwise engines, HF generate)
 #   memory-bench     benchmarks/gpu_memory.py: a Qwen2.5-0.5B-shaped random model, engine in bf16
 #                    and a train step, peak bytes per parameter
@@ -89,6 +92,11 @@ if [ -d "$WORK/warmstart" ]; then
     # the shared run's checkpoint of step 4 (its latest before the resume wrote step 6) against colocated's
     step bitwise-split 10 cmp "$WORK/shared/checkpoints/step_000004/model.safetensors" \
         "$WORK/bitwise-a/checkpoints/step_000004/model.safetensors"
+    step sharded-bf16 180 "$PY" -m poise train "${SMALL[@]}" "${SHARED[@]}" run.steps=4 model.dtype=bfloat16 \
+        cluster.shard=optimizer "run.dir=$WORK/sharded-bf16" \
+        && step bf16-colocated 90 "$PY" -m poise train "${SMALL[@]}" pipeline.mode=colocated run.steps=4 \
+            model.dtype=bfloat16 "run.dir=$WORK/bf16-colocated" \
+        && step bitwise-bf16 10 test "$(state_of "$WORK/sharded-bf16")" = "$(state_of "$WORK/bf16-colocated")"
 else
     echo "gpu_check: no warm start (the colocated step failed before making it): the runs that start from it are skipped" >&2
     FAILED=1
