@@ -226,7 +226,6 @@ class TorchTrainShard:
             received += 4 * max(counts) * len(ranks) + gathered
         return norm, received
 
-
     def _check_state(self, first: int, end: int) -> None:
         """An owner steps with the state of exactly its run (all of it once any update happened):
         AdamW would start a missing moment from zero without a word."""
