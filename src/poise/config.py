@@ -147,6 +147,20 @@ class SamplingConfig:
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
 
 
+# What `algorithm.loss` sets, knob by knob, where the config leaves the knob null; a knob a preset
+# does not name takes the grpo default (clip_eps both sides, token ratio, loss_agg token, advantage grpo).
+LOSS_PRESETS: dict[str, dict[str, float | str]] = {
+    "grpo": {},
+    # Yu et al. 2025: decoupled clip (eps_low 0.2, eps_high 0.28), token-level loss. Its dynamic sampling
+    # and overlong reward shaping are not part of the preset.
+    "dapo": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_agg": "token"},
+    # Liu et al. 2025: no std in the advantage, a constant normaliser instead of each response's length
+    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "constant"},
+    # Zheng et al. 2025: sequence-level ratio, clipped as a whole with the paper's ranges, averaged per response
+    "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
+}
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     name: Literal["grpo"] = help_field("grpo", "RL algorithm")
@@ -155,11 +169,41 @@ class AlgorithmConfig:
     lr: float = help_field(1e-3, "AdamW learning rate")
     weight_decay: float = help_field(0.0, "AdamW weight decay")
     max_grad_norm: float = help_field(1.0, "clip the global gradient norm; 0 disables")
-    clip_eps: float = help_field(0.2, "PPO clip range epsilon")
-    kl_coef: float = help_field(0.0, "weight of the k3 KL penalty to the frozen initial policy; 0 disables")
-    loss_agg: Literal["token", "sequence"] = help_field(
-        "token", "token: mean over all response tokens of the step; sequence: mean per response, then over responses")
-    scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = Dr.GRPO")
+    loss: Literal["grpo", "dapo", "dr_grpo", "gspo"] = help_field(
+        "grpo", "preset of the loss knobs left unset (null) below: grpo (clip_eps both sides, loss_agg token, "
+                "advantage grpo); dapo (clip 0.2 low / 0.28 high); dr_grpo (advantage dr_grpo, loss_agg "
+                "constant); gspo (ratio_level sequence, loss_agg sequence, clip 3e-4 low / 4e-4 high). A knob "
+                "you set wins over its preset")
+    clip_eps: float = help_field(0.2, "PPO clip range epsilon, both sides (clip_eps_low/high, if set or preset, "
+                                      "replace it)")
+    clip_eps_low: float | None = help_field(None, "the ratio is clipped below at 1 - clip_eps_low; null = the "
+                                                  "preset's (grpo: clip_eps)")
+    clip_eps_high: float | None = help_field(None, "the ratio is clipped above at 1 + clip_eps_high (DAPO's "
+                                                   "clip-higher: above clip_eps_low); null = the preset's "
+                                                   "(grpo: clip_eps)")
+    ratio_level: Literal["token", "sequence"] | None = help_field(
+        None, "token: each token's own ratio (PPO, GRPO); sequence: each response's length-normalised "
+              "sequence ratio, clipped as a whole (GSPO); null = the preset's")
+    kl_coef: float = help_field(0.0, "weight of the KL penalty to the frozen initial policy (TRL's beta); "
+                                     "0 disables")
+    kl_estimator: Literal["k1", "k2", "k3"] = help_field(
+        "k3", "estimator of the KL penalty per token: k1 = logp - ref, k2 = (logp - ref)^2 / 2, "
+              "k3 = exp(ref - logp) - (ref - logp) - 1 (GRPO's)")
+    entropy_coef: float = help_field(0.0, "weight of an entropy bonus: the loss minus entropy_coef times each "
+                                          "response token's policy entropy (aggregated like the loss); 0 disables")
+    loss_agg: Literal["token", "sequence", "sequence_sum", "constant"] | None = help_field(
+        None, "how per-token losses become the step's loss. token: mean over all response tokens of the step "
+              "(DAPO; verl token-mean); sequence: mean per response, then over responses (GRPO paper; verl "
+              "seq-mean-token-mean); sequence_sum: sum per response, mean over responses (verl "
+              "seq-mean-token-sum); constant: sum over tokens / (responses x sampling.max_new_tokens) "
+              "(Dr. GRPO; TRL dr_grpo); null = the preset's")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] | None = help_field(
+        None, "outcome advantage of each response: grpo (centred in its group, divided by the group's std); "
+              "dr_grpo (centred only); rloo (minus the mean of the group's other rewards); reinforce_pp "
+              "(centred in its group, then divided by the std of the step's batch: training waits for every "
+              "reward of the step); null = the preset's, or dr_grpo where scale_rewards is false")
+    scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = "
+                                           "advantage dr_grpo (the older spelling of algorithm.advantage)")
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
@@ -176,11 +220,36 @@ class AlgorithmConfig:
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
         check(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "must be >= 0 (0 disables)")
         check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+        self._resolve_loss_preset()
+        check(0 < self.clip_eps_low < 1, "clip_eps_low", self.clip_eps_low, "must be in (0, 1), e.g. 0.2")
+        check(self.clip_eps_high >= self.clip_eps_low, "clip_eps_high", self.clip_eps_high,
+              f"must be >= clip_eps_low ({self.clip_eps_low}): clip-higher widens the upper side, e.g. 0.28")
+        check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, "must be >= 0 (0 disables)")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
         check(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "must be >= 1")
         check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
         check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
               f"must divide prompts_per_step ({self.prompts_per_step}) so each update gets whole groups")
+
+    def _resolve_loss_preset(self) -> None:
+        """Fill each loss knob left null from the `loss` preset (a knob set explicitly wins), so the
+        resolved config (RUN_DIR/config.yaml) names every knob and loads back to the same run."""
+        preset = LOSS_PRESETS[self.loss]
+        scale = self.scale_rewards
+        check(scale or self.advantage in (None, "dr_grpo", "rloo", "reinforce_pp"), "scale_rewards", scale,
+              "false means advantage dr_grpo, but algorithm.advantage is grpo; drop one of them")
+        values = {
+            "clip_eps_low": self.clip_eps_low if self.clip_eps_low is not None else preset.get("clip_eps_low",
+                                                                                             self.clip_eps),
+            "clip_eps_high": self.clip_eps_high if self.clip_eps_high is not None else preset.get("clip_eps_high",
+                                                                                                self.clip_eps),
+            "ratio_level": self.ratio_level or preset.get("ratio_level", "token"),
+            "loss_agg": self.loss_agg or preset.get("loss_agg", "token"),
+            "advantage": self.advantage or ("dr_grpo" if not scale else preset.get("advantage", "grpo")),
+        }
+        values["scale_rewards"] = values["advantage"] == "grpo"
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -452,4 +521,4 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
 
 __all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",
            "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig", "DispatchConfig",
-           "SFTConfig", "RewardConfig", "RewardFunctionConfig", "load_train_config", "ConfigError"]
+           "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config", "ConfigError"]

@@ -58,3 +58,11 @@ def test_existing_run_is_not_overwritten(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     assert_one_line_error(poise("train", f"run.dir={run}"), "already holds a run", "--resume")
     assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'  # nothing lost
+
+
+def test_unknown_loss_and_inverted_clip(tmp_path):
+    assert_one_line_error(poise("train", "algorithm.loss=ppo", f"run.dir={tmp_path}/run"), "algorithm.loss",
+                          "'dapo'")
+    assert_one_line_error(poise("train", "algorithm.clip_eps_low=0.3", "algorithm.clip_eps_high=0.2",
+                                f"run.dir={tmp_path}/run"), "algorithm.clip_eps_high", "must be >= clip_eps_low")
+    assert not (tmp_path / "run").exists()  # failed before any work

@@ -147,7 +147,7 @@ class Runtime:
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg,
+                                    algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
                                     step_timeout_s=c.step_timeout_s, **self.helpers())
 
     def helpers(self) -> dict:

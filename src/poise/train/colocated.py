@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from poise import interrupt
-from poise.algo.advantages import group_advantages
+from poise.algo.advantages import ready_advantages
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
@@ -75,11 +75,11 @@ class ColocatedLoop:
         return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
 
     def advantages(self, rewards: dict[SampleId, float], step: int, n_prompts: int) -> dict[SampleId, float]:
+        algo = self.cfg.algorithm
         out: dict[SampleId, float] = {}
-        for i in range(n_prompts):  # group by group, as the runtime's trainer group does
-            group = [(step, i, j) for j in range(self.cfg.algorithm.group_size)]
-            out.update(zip(group, group_advantages([rewards[sid] for sid in group],
-                                                   scale=self.cfg.algorithm.scale_rewards)))
+        for i in range(n_prompts):  # group by group (or the step at once), as the runtime's trainer group does
+            out.update(ready_advantages(algo.advantage, rewards, (step, i, algo.group_size - 1), algo.group_size,
+                                        n_prompts))
         return out
 
     def train(self, samples, advantages: dict[SampleId, float]) -> dict:
