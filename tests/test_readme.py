@@ -118,7 +118,7 @@ def test_every_shell_command_parses_and_its_config_loads(monkeypatch):
         parser = argparse.ArgumentParser(prog=f"poise {argv[1]}")
         importlib.import_module(SUBCOMMANDS[argv[1]][0]).add_parser(parser)
         args = parser.parse_args(argv[2:])
-        if argv[1] in ("train", "sft") and not getattr(args, "resume", None):
+        if argv[1] in ("train", "sft", "config") and not getattr(args, "resume", None):
             config = args.config if args.config and "=" not in args.config else None
             overrides = args.overrides if config or not args.config else [args.config, *args.overrides]
             load_train_config(config, overrides)

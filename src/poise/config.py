@@ -515,8 +515,57 @@ class TrainConfig:
               "drop one")
 
 
+# Names TRL's GRPOConfig and verl's trainer config use, and where the same setting lives here: an
+# unknown key with one of these names gets this hint instead of a spelling suggestion.
+FOREIGN_KEYS = {
+    "beta": "TRL's beta is algorithm.kl_coef",
+    "kl_loss_coef": "verl's kl_loss_coef is algorithm.kl_coef",
+    "kl_loss_type": "verl's kl_loss_type is algorithm.kl_estimator (kl = k1, mse = k2, low_var_kl = k3)",
+    "num_generations": "TRL's num_generations is algorithm.group_size",
+    "learning_rate": "TRL's learning_rate is algorithm.lr",
+    "epsilon": "TRL's epsilon is algorithm.clip_eps (or clip_eps_low)",
+    "epsilon_high": "TRL's epsilon_high is algorithm.clip_eps_high",
+    "clip_ratio": "verl's clip_ratio is algorithm.clip_eps",
+    "clip_ratio_low": "verl's clip_ratio_low is algorithm.clip_eps_low",
+    "clip_ratio_high": "verl's clip_ratio_high is algorithm.clip_eps_high",
+    "loss_type": "TRL's loss_type is algorithm.loss (grpo, dapo, dr_grpo, gspo) and algorithm.loss_agg",
+    "loss_agg_mode": "verl's loss_agg_mode is algorithm.loss_agg (token-mean = token, seq-mean-token-mean = "
+                     "sequence, seq-mean-token-sum = sequence_sum, seq-mean-token-sum-norm = constant)",
+    "adv_estimator": "verl's adv_estimator is algorithm.advantage (grpo, dr_grpo, rloo, reinforce_pp)",
+    "entropy_coeff": "verl's entropy_coeff is algorithm.entropy_coef",
+    "importance_sampling_level": "TRL's importance_sampling_level is algorithm.ratio_level (token, sequence)",
+    "max_completion_length": "TRL's max_completion_length is algorithm.sampling.max_new_tokens",
+    "response_length": "verl's response_length is algorithm.sampling.max_new_tokens",
+    "temperature": "temperature is algorithm.sampling.temperature",
+    "top_p": "top_p is algorithm.sampling.top_p",
+    "top_k": "top_k is algorithm.sampling.top_k",
+    "per_device_train_batch_size": "TRL's per_device_train_batch_size is algorithm.micro_batch_size (samples)",
+    "ppo_micro_batch_size_per_gpu": "verl's ppo_micro_batch_size_per_gpu is algorithm.micro_batch_size",
+    "train_batch_size": "verl's train_batch_size is algorithm.prompts_per_step",
+    "max_steps": "TRL's max_steps is run.steps",
+    "total_training_steps": "verl's total_training_steps is run.steps",
+    "output_dir": "TRL's output_dir is run.dir",
+    "save_steps": "TRL's save_steps is run.checkpoint_every",
+    "save_total_limit": "TRL's save_total_limit is run.keep_checkpoints",
+    "model_name_or_path": "model_name_or_path is model.path (a local HF directory)",
+    "report_to": "report_to is run.tensorboard",
+    "lora": "LoRA (model.lora.r, alpha, dropout, target_modules) is not built yet",
+    "lora_r": "TRL's lora_r would be model.lora.r; LoRA is not built yet",
+    "lora_alpha": "TRL's lora_alpha would be model.lora.alpha; LoRA is not built yet",
+    "lora_dropout": "TRL's lora_dropout would be model.lora.dropout; LoRA is not built yet",
+    "lora_target_modules": "TRL's lora_target_modules would be model.lora.target_modules; LoRA is not built yet",
+    "use_peft": "LoRA (model.lora) is not built yet",
+}
+
+
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    return load(TrainConfig, path, overrides)
+    try:
+        return load(TrainConfig, path, overrides)
+    except ConfigError as e:
+        foreign = FOREIGN_KEYS.get(e.key.rpartition(".")[2])
+        if foreign is None or not e.allowed.startswith("unknown key"):
+            raise
+        raise ConfigError(e.key, e.value, f"unknown key; {foreign}") from None
 
 
 __all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",

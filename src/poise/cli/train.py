@@ -13,8 +13,11 @@ from poise.errors import PoiseError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Every config key, with its help and default: poise config [CONFIG] [key=value ...] "
+                     "[--section algorithm] prints the resolved config as YAML.")
     parser.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); optional with --resume")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=3e-4 run.steps=20")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=3e-4 run.steps=20 "
+                                                     "(`poise config` lists every key)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
 
 
