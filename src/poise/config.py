@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from poise.data.tasks import Phase, validate_phases
 from poise.errors import ConfigError
@@ -24,7 +24,7 @@ from poise.policy.plan import MICRO_BATCH_SIZE_HELP
 from poise.policy.scale import ScaleConfig
 from poise.policy.split import parse_splits
 from poise.rewards.builtin import BUILTINS as REWARD_BUILTINS
-from poise.schema import check, help_factory, help_field, load
+from poise.schema import apply_overrides, build, check, help_factory, help_field, read_yaml
 
 AUTO_EMULATED_PROCESSES = 16  # emulation.devices_per_process auto: at most this many actor processes
 
@@ -559,8 +559,16 @@ FOREIGN_KEYS = {
 
 
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """The config of YAML file `path` (None: the defaults) with dotted `overrides` applied."""
+    data = read_yaml(path) if path is not None else {}
+    apply_overrides(data, list(overrides or []))
+    return build_train_config(data)
+
+
+def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
+    """The config of a mapping as a YAML file holds it; a TRL or verl key name gets its Poise name."""
     try:
-        return load(TrainConfig, path, overrides)
+        return build(TrainConfig, data)
     except ConfigError as e:
         foreign = FOREIGN_KEYS.get(e.key.rpartition(".")[2])
         if foreign is None or not e.allowed.startswith("unknown key"):
@@ -568,6 +576,7 @@ def load_train_config(path: str | Path | None, overrides: list[str] | None = Non
         raise ConfigError(e.key, e.value, f"unknown key; {foreign}") from None
 
 
-__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",
-           "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig", "DispatchConfig",
-           "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config", "ConfigError"]
+__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
+           "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",
+           "DispatchConfig", "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
+           "build_train_config", "ConfigError"]
