@@ -68,6 +68,8 @@ def check_before_work(cfg: TrainConfig) -> None:
     if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
                          "run.tensorboard=false")
+    if cfg.run.wandb is not None and importlib.util.find_spec("wandb") is None:
+        raise PoiseError("run.wandb needs the wandb package; pip install 'poise[wandb]', or drop run.wandb")
     if cfg.cluster.compute == "real":
         from poise.train.setup import check_device
 

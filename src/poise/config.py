@@ -30,6 +30,20 @@ AUTO_EMULATED_PROCESSES = 16  # emulation.devices_per_process auto: at most this
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases logging of a run (`run.wandb`): the same scalars as TensorBoard."""
+
+    project: str = help_field("poise", "W&B project")
+    name: str = help_field("", "W&B run name; empty = the run directory's name")
+    mode: Literal["online", "offline"] = help_field(
+        "online", "online: stream to the W&B server (needs WANDB_API_KEY or `wandb login`); offline: write "
+                  "RUN_DIR/wandb/ only, no network (`wandb sync` uploads it later)")
+
+    def __post_init__(self) -> None:
+        check(bool(self.project.strip()), "project", self.project, "must name a W&B project")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = help_field(0, "the seed: prompts, sampling and initial weights are functions of it")
     steps: int = help_field(40, "RL steps (optimizer updates)")
@@ -45,6 +59,8 @@ class RunConfig:
                                           "equals the trainer's (hashes every weight: for tests and debugging)")
     tensorboard: bool = help_field(False, "also write each metrics row's numbers as TensorBoard scalars into "
                                           "RUN_DIR/tensorboard/ (needs the tensorboard package)")
+    wandb: WandbConfig | None = help_field(None, "also log each metrics row's numbers to Weights & Biases: "
+                                                 "{project, name, mode}; null = off (needs the wandb package)")
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
@@ -576,7 +592,7 @@ def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
         raise ConfigError(e.key, e.value, f"unknown key; {foreign}") from None
 
 
-__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
+__all__ = ["TrainConfig", "RunConfig", "WandbConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
            "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",
            "DispatchConfig", "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
            "build_train_config", "ConfigError"]

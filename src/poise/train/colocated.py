@@ -23,7 +23,7 @@ from poise.rollout.engine import Engine
 from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
-from poise.schema import dump
+from poise.schema import dump, to_dict
 from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
                                     prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
@@ -159,7 +159,8 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
             print(resume_line(run_dir, checkpoint, loop.state.step), file=sys.stderr)
         else:
             dump(cfg, run_dir / "config.yaml")
-        with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard) as log:
+        with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                    config=to_dict(cfg)) as log:
             return loop.run(log)
     finally:
         loop.steps.rewards.close()  # the reward sandbox's workers end with the run
