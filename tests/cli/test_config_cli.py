@@ -1,5 +1,7 @@
 """`poise config`: the resolved config with every key's help and default; hints for TRL/verl names."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -56,3 +58,12 @@ def test_trl_and_verl_names_get_the_poise_name(tmp_path, key, fragment):
     assert_one_line_error(poise("train", key, f"run.dir={tmp_path}/run"), key.partition("=")[0], "unknown key",
                           fragment)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml")))
+def test_every_shipped_config_prints_and_loads_back_equal(tmp_path, name):
+    from poise.cli.config import render
+
+    cfg = load_train_config(Path(__file__).parents[2] / "configs" / name)
+    (tmp_path / "printed.yaml").write_text(render(cfg))
+    assert load_train_config(tmp_path / "printed.yaml") == cfg
