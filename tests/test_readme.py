@@ -73,9 +73,26 @@ def test_every_yaml_snippet_loads_as_a_config(reward_project):
         load_train_config(str(path), [])  # unknown keys, wrong types: PoiseError
 
 
-def test_every_python_snippet_runs(tmp_path):
+def test_every_python_snippet_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # what a snippet writes stays out of the checkout
     for block in _blocks("python"):
-        exec(compile(block, "README.md", "exec"), {})
+        if "poise.train(" not in block:  # the API's, which trains: test_the_python_api_snippet_trains
+            exec(compile(block, "README.md", "exec"), {})
+
+
+def test_the_python_api_snippet_trains(tmp_path, monkeypatch):
+    """The API example runs as written: a run of two steps, its metrics returned, a resolved
+    config, a simulation."""
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(_one("python", "poise.train("), "README.md", "exec"), ns)
+    result = ns["result"]
+    assert result.run_dir.resolve() == (tmp_path / "runs" / "api-example").resolve()
+    assert [row["step"] for row in result.metrics] == [0, 1]
+    assert len(result.rewards) == 2 and (result.run_dir / "config.yaml").is_file()
+    assert result.config.algorithm.clip_eps_high == 0.28  # the dapo preset reached the run
+    assert ns["cfg"].algorithm.ratio_level == "sequence"
+    assert ns["summary"].steps == 5 and (tmp_path / "runs" / "sim-api" / "metrics.jsonl").is_file()
 
 
 def _commands() -> list[list[str]]:
@@ -118,7 +135,7 @@ def test_every_shell_command_parses_and_its_config_loads(monkeypatch):
         parser = argparse.ArgumentParser(prog=f"poise {argv[1]}")
         importlib.import_module(SUBCOMMANDS[argv[1]][0]).add_parser(parser)
         args = parser.parse_args(argv[2:])
-        if argv[1] in ("train", "sft") and not getattr(args, "resume", None):
+        if argv[1] in ("train", "sft", "config") and not getattr(args, "resume", None):
             config = args.config if args.config and "=" not in args.config else None
             overrides = args.overrides if config or not args.config else [args.config, *args.overrides]
             load_train_config(config, overrides)

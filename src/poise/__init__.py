@@ -1,6 +1,26 @@
 """Poise: RL post-training of LLMs on disaggregated devices.
 
 See DESIGN.md for the layers; `poise.policy` is pure and never imports torch or ray.
+
+The Python API (poise/api.py): `poise.train(config, **overrides) -> RunResult`,
+`poise.load_config(config, **overrides)`, `poise.simulate(scenario, out, **overrides)`. They load
+on first use, so `import poise` (and every `poise` command) stays as light as it was.
 """
 
+from poise import train  # the training package, callable as the API's train (see poise/train/__init__.py)
+
 __version__ = "0.1.0"
+_API = ("RunResult", "load_config", "simulate")
+__all__ = ["RunResult", "load_config", "simulate", "train"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from poise import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'poise' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_API})

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from poise.data.tasks import Phase, validate_phases
 from poise.errors import ConfigError
@@ -24,9 +24,23 @@ from poise.policy.plan import MICRO_BATCH_SIZE_HELP
 from poise.policy.scale import ScaleConfig
 from poise.policy.split import parse_splits
 from poise.rewards.builtin import BUILTINS as REWARD_BUILTINS
-from poise.schema import check, help_factory, help_field, load
+from poise.schema import apply_overrides, build, check, help_factory, help_field, read_yaml
 
 AUTO_EMULATED_PROCESSES = 16  # emulation.devices_per_process auto: at most this many actor processes
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases logging of a run (`run.wandb`): the same scalars as TensorBoard."""
+
+    project: str = help_field("poise", "W&B project")
+    name: str = help_field("", "W&B run name; empty = the run directory's name")
+    mode: Literal["online", "offline"] = help_field(
+        "online", "online: stream to the W&B server (needs WANDB_API_KEY or `wandb login`); offline: write "
+                  "RUN_DIR/wandb/ only, no network (`wandb sync` uploads it later)")
+
+    def __post_init__(self) -> None:
+        check(bool(self.project.strip()), "project", self.project, "must name a W&B project")
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,8 @@ class RunConfig:
                                           "equals the trainer's (hashes every weight: for tests and debugging)")
     tensorboard: bool = help_field(False, "also write each metrics row's numbers as TensorBoard scalars into "
                                           "RUN_DIR/tensorboard/ (needs the tensorboard package)")
+    wandb: WandbConfig | None = help_field(None, "also log each metrics row's numbers to Weights & Biases: "
+                                                 "{project, name, mode}; null = off (needs the wandb package)")
 
     def __post_init__(self) -> None:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
@@ -151,6 +167,20 @@ class SamplingConfig:
         check(self.max_new_tokens >= 1, "max_new_tokens", self.max_new_tokens, "must be >= 1")
 
 
+# What `algorithm.loss` sets, knob by knob, where the config leaves the knob null; a knob a preset
+# does not name takes the grpo default (clip_eps both sides, token ratio, loss_agg token, advantage grpo).
+LOSS_PRESETS: dict[str, dict[str, float | str]] = {
+    "grpo": {},
+    # Yu et al. 2025: decoupled clip (eps_low 0.2, eps_high 0.28), token-level loss. Its dynamic sampling
+    # and overlong reward shaping are not part of the preset.
+    "dapo": {"clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_agg": "token"},
+    # Liu et al. 2025: no std in the advantage, a constant normaliser instead of each response's length
+    "dr_grpo": {"advantage": "dr_grpo", "loss_agg": "constant"},
+    # Zheng et al. 2025: sequence-level ratio, clipped as a whole with the paper's ranges, averaged per response
+    "gspo": {"ratio_level": "sequence", "loss_agg": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4},
+}
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     name: Literal["grpo"] = help_field("grpo", "RL algorithm")
@@ -159,11 +189,41 @@ class AlgorithmConfig:
     lr: float = help_field(1e-3, "AdamW learning rate")
     weight_decay: float = help_field(0.0, "AdamW weight decay")
     max_grad_norm: float = help_field(1.0, "clip the global gradient norm; 0 disables")
-    clip_eps: float = help_field(0.2, "PPO clip range epsilon")
-    kl_coef: float = help_field(0.0, "weight of the k3 KL penalty to the frozen initial policy; 0 disables")
-    loss_agg: Literal["token", "sequence"] = help_field(
-        "token", "token: mean over all response tokens of the step; sequence: mean per response, then over responses")
-    scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = Dr.GRPO")
+    loss: Literal["grpo", "dapo", "dr_grpo", "gspo"] = help_field(
+        "grpo", "preset of the loss knobs left unset (null) below: grpo (clip_eps both sides, loss_agg token, "
+                "advantage grpo); dapo (clip 0.2 low / 0.28 high); dr_grpo (advantage dr_grpo, loss_agg "
+                "constant); gspo (ratio_level sequence, loss_agg sequence, clip 3e-4 low / 4e-4 high). A knob "
+                "you set wins over its preset")
+    clip_eps: float = help_field(0.2, "PPO clip range epsilon, both sides (clip_eps_low/high, if set or preset, "
+                                      "replace it)")
+    clip_eps_low: float | None = help_field(None, "the ratio is clipped below at 1 - clip_eps_low; null = the "
+                                                  "preset's (grpo: clip_eps)")
+    clip_eps_high: float | None = help_field(None, "the ratio is clipped above at 1 + clip_eps_high (DAPO's "
+                                                   "clip-higher: above clip_eps_low); null = the preset's "
+                                                   "(grpo: clip_eps)")
+    ratio_level: Literal["token", "sequence"] | None = help_field(
+        None, "token: each token's own ratio (PPO, GRPO); sequence: each response's length-normalised "
+              "sequence ratio, clipped as a whole (GSPO); null = the preset's")
+    kl_coef: float = help_field(0.0, "weight of the KL penalty to the frozen initial policy (TRL's beta); "
+                                     "0 disables")
+    kl_estimator: Literal["k1", "k2", "k3"] = help_field(
+        "k3", "estimator of the KL penalty per token: k1 = logp - ref, k2 = (logp - ref)^2 / 2, "
+              "k3 = exp(ref - logp) - (ref - logp) - 1 (GRPO's)")
+    entropy_coef: float = help_field(0.0, "weight of an entropy bonus: the loss minus entropy_coef times each "
+                                          "response token's policy entropy (aggregated like the loss); 0 disables")
+    loss_agg: Literal["token", "sequence", "sequence_sum", "constant"] | None = help_field(
+        None, "how per-token losses become the step's loss. token: mean over all response tokens of the step "
+              "(DAPO; verl token-mean); sequence: mean per response, then over responses (GRPO paper; verl "
+              "seq-mean-token-mean); sequence_sum: sum per response, mean over responses (verl "
+              "seq-mean-token-sum); constant: sum over tokens / (responses x sampling.max_new_tokens) "
+              "(Dr. GRPO; TRL dr_grpo); null = the preset's")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] | None = help_field(
+        None, "outcome advantage of each response: grpo (centred in its group, divided by the group's std); "
+              "dr_grpo (centred only); rloo (minus the mean of the group's other rewards); reinforce_pp "
+              "(centred in its group, then divided by the std of the step's batch: training waits for every "
+              "reward of the step); null = the preset's, or dr_grpo where scale_rewards is false")
+    scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = "
+                                           "advantage dr_grpo (the older spelling of algorithm.advantage)")
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
@@ -180,11 +240,36 @@ class AlgorithmConfig:
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
         check(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "must be >= 0 (0 disables)")
         check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+        self._resolve_loss_preset()
+        check(0 < self.clip_eps_low < 1, "clip_eps_low", self.clip_eps_low, "must be in (0, 1), e.g. 0.2")
+        check(self.clip_eps_high >= self.clip_eps_low, "clip_eps_high", self.clip_eps_high,
+              f"must be >= clip_eps_low ({self.clip_eps_low}): clip-higher widens the upper side, e.g. 0.28")
+        check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, "must be >= 0 (0 disables)")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
         check(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "must be >= 1")
         check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
         check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
               f"must divide prompts_per_step ({self.prompts_per_step}) so each update gets whole groups")
+
+    def _resolve_loss_preset(self) -> None:
+        """Fill each loss knob left null from the `loss` preset (a knob set explicitly wins), so the
+        resolved config (RUN_DIR/config.yaml) names every knob and loads back to the same run."""
+        preset = LOSS_PRESETS[self.loss]
+        scale = self.scale_rewards
+        check(scale or self.advantage in (None, "dr_grpo", "rloo", "reinforce_pp"), "scale_rewards", scale,
+              "false means advantage dr_grpo, but algorithm.advantage is grpo; drop one of them")
+        values = {
+            "clip_eps_low": self.clip_eps_low if self.clip_eps_low is not None else preset.get("clip_eps_low",
+                                                                                             self.clip_eps),
+            "clip_eps_high": self.clip_eps_high if self.clip_eps_high is not None else preset.get("clip_eps_high",
+                                                                                                self.clip_eps),
+            "ratio_level": self.ratio_level or preset.get("ratio_level", "token"),
+            "loss_agg": self.loss_agg or preset.get("loss_agg", "token"),
+            "advantage": self.advantage or ("dr_grpo" if not scale else preset.get("advantage", "grpo")),
+        }
+        values["scale_rewards"] = values["advantage"] == "grpo"
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -457,10 +542,68 @@ class TrainConfig:
               "drop one")
 
 
+# Names TRL's GRPOConfig and verl's trainer config use, and where the same setting lives here: an
+# unknown key with one of these names gets this hint instead of a spelling suggestion.
+FOREIGN_KEYS = {
+    "beta": "TRL's beta is algorithm.kl_coef",
+    "kl_loss_coef": "verl's kl_loss_coef is algorithm.kl_coef",
+    "kl_loss_type": "verl's kl_loss_type is algorithm.kl_estimator (kl = k1, mse = k2, low_var_kl = k3)",
+    "num_generations": "TRL's num_generations is algorithm.group_size",
+    "learning_rate": "TRL's learning_rate is algorithm.lr",
+    "epsilon": "TRL's epsilon is algorithm.clip_eps (or clip_eps_low)",
+    "epsilon_high": "TRL's epsilon_high is algorithm.clip_eps_high",
+    "clip_ratio": "verl's clip_ratio is algorithm.clip_eps",
+    "clip_ratio_low": "verl's clip_ratio_low is algorithm.clip_eps_low",
+    "clip_ratio_high": "verl's clip_ratio_high is algorithm.clip_eps_high",
+    "loss_type": "TRL's loss_type is algorithm.loss (grpo, dapo, dr_grpo, gspo) and algorithm.loss_agg",
+    "loss_agg_mode": "verl's loss_agg_mode is algorithm.loss_agg (token-mean = token, seq-mean-token-mean = "
+                     "sequence, seq-mean-token-sum = sequence_sum, seq-mean-token-sum-norm = constant)",
+    "adv_estimator": "verl's adv_estimator is algorithm.advantage (grpo, dr_grpo, rloo, reinforce_pp)",
+    "entropy_coeff": "verl's entropy_coeff is algorithm.entropy_coef",
+    "importance_sampling_level": "TRL's importance_sampling_level is algorithm.ratio_level (token, sequence)",
+    "max_completion_length": "TRL's max_completion_length is algorithm.sampling.max_new_tokens",
+    "response_length": "verl's response_length is algorithm.sampling.max_new_tokens",
+    "temperature": "temperature is algorithm.sampling.temperature",
+    "top_p": "top_p is algorithm.sampling.top_p",
+    "top_k": "top_k is algorithm.sampling.top_k",
+    "per_device_train_batch_size": "TRL's per_device_train_batch_size is algorithm.micro_batch_size (samples)",
+    "ppo_micro_batch_size_per_gpu": "verl's ppo_micro_batch_size_per_gpu is algorithm.micro_batch_size",
+    "train_batch_size": "verl's train_batch_size is algorithm.prompts_per_step",
+    "max_steps": "TRL's max_steps is run.steps",
+    "total_training_steps": "verl's total_training_steps is run.steps",
+    "output_dir": "TRL's output_dir is run.dir",
+    "save_steps": "TRL's save_steps is run.checkpoint_every",
+    "save_total_limit": "TRL's save_total_limit is run.keep_checkpoints",
+    "model_name_or_path": "model_name_or_path is model.path (a local HF directory)",
+    "report_to": "report_to is run.tensorboard",
+    "lora": "LoRA (model.lora.r, alpha, dropout, target_modules) is not built yet",
+    "lora_r": "TRL's lora_r would be model.lora.r; LoRA is not built yet",
+    "lora_alpha": "TRL's lora_alpha would be model.lora.alpha; LoRA is not built yet",
+    "lora_dropout": "TRL's lora_dropout would be model.lora.dropout; LoRA is not built yet",
+    "lora_target_modules": "TRL's lora_target_modules would be model.lora.target_modules; LoRA is not built yet",
+    "use_peft": "LoRA (model.lora) is not built yet",
+}
+
+
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
-    return load(TrainConfig, path, overrides)
+    """The config of YAML file `path` (None: the defaults) with dotted `overrides` applied."""
+    data = read_yaml(path) if path is not None else {}
+    apply_overrides(data, list(overrides or []))
+    return build_train_config(data)
 
 
-__all__ = ["TrainConfig", "RunConfig", "ModelConfig", "TinyModelConfig", "DataConfig", "AlgorithmConfig",
-           "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig", "DispatchConfig",
-           "SFTConfig", "RewardConfig", "RewardFunctionConfig", "load_train_config", "ConfigError"]
+def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
+    """The config of a mapping as a YAML file holds it; a TRL or verl key name gets its Poise name."""
+    try:
+        return build(TrainConfig, data)
+    except ConfigError as e:
+        foreign = FOREIGN_KEYS.get(e.key.rpartition(".")[2])
+        if foreign is None or not e.allowed.startswith("unknown key"):
+            raise
+        raise ConfigError(e.key, e.value, f"unknown key; {foreign}") from None
+
+
+__all__ = ["TrainConfig", "RunConfig", "WandbConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
+           "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",
+           "DispatchConfig", "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
+           "build_train_config", "ConfigError"]

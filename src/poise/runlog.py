@@ -70,20 +70,48 @@ class TensorBoardSink:
         self._writer.close()
 
 
+class WandbSink:
+    """Each metrics row as Weights & Biases scalars at step = row["step"]: the TensorBoard
+    scalars, by the same names. The run's files go to RUN_DIR/wandb/. wandb is imported here, on
+    first use only. `settings`: run.wandb (project, name, mode); `config`: the resolved config,
+    recorded as the W&B run's config."""
+
+    def __init__(self, run_dir: Path, settings: Any, config: dict[str, Any] | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise PoiseError(f"run.wandb needs the wandb package ({e}); pip install 'poise[wandb]', or drop "
+                             "run.wandb") from None
+        # console off: W&B would wrap stdout and stderr (the progress display writes there); no system
+        # metrics sampler: a thread of polling on the devices' cores
+        self._run = wandb.init(project=settings.project, name=settings.name or run_dir.name, mode=settings.mode,
+                               dir=str(run_dir), config=config or {},
+                               settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
+                                                       save_code=False))
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._run.log(dict(scalars(row)), step=int(row["step"]))
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 class RunLog:
     """Appends events and per-step metrics to a run directory as JSON lines.
 
     `background=True` (the Ray driver) formats and writes on a thread of its own, so a step's
     hundreds of sample events cost the step loop a queue put each, not a JSON encoding; `close`
     (or leaving the `with` block, also on an error) writes everything still queued.
-    `tensorboard=True` also writes every metrics row as TensorBoard scalars (TensorBoardSink).
+    `tensorboard=True` also writes every metrics row as TensorBoard scalars (TensorBoardSink),
+    `wandb` (run.wandb, with the resolved `config`) to Weights & Biases (WandbSink).
     """
 
     def __init__(self, run_dir: str | Path, append: bool = False, background: bool = False,
-                 tensorboard: bool = False):
+                 tensorboard: bool = False, wandb: Any = None, config: dict[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._tensorboard = TensorBoardSink(self.run_dir) if tensorboard else None
+        self._wandb = WandbSink(self.run_dir, wandb, config) if wandb is not None else None
         mode = "a" if append else "w"
         self._events = open(self.run_dir / "events.jsonl", mode)
         self._metrics = open(self.run_dir / "metrics.jsonl", mode)
@@ -115,6 +143,8 @@ class RunLog:
         self._events.flush()
         if self._tensorboard is not None:
             self._tensorboard.write(row)
+        if self._wandb is not None:
+            self._wandb.write(row)
 
     def _drain(self) -> None:
         while True:
@@ -154,6 +184,8 @@ class RunLog:
         self._metrics.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.close()
         if self._error is not None:
             raise self._error
 

@@ -75,3 +75,11 @@ def test_unknown_shard_mode_or_dtype(tmp_path, override, fragments):
 def test_assist_with_sharded_optimizer_state(tmp_path):
     assert_one_line_error(poise("train", "pipeline.assist=true", "cluster.shard=optimizer", f"run.dir={tmp_path}/run"),
                           "pipeline.assist", "cluster.shard=optimizer")
+
+
+def test_unknown_loss_and_inverted_clip(tmp_path):
+    assert_one_line_error(poise("train", "algorithm.loss=ppo", f"run.dir={tmp_path}/run"), "algorithm.loss",
+                          "'dapo'")
+    assert_one_line_error(poise("train", "algorithm.clip_eps_low=0.3", "algorithm.clip_eps_high=0.2",
+                                f"run.dir={tmp_path}/run"), "algorithm.clip_eps_high", "must be >= clip_eps_low")
+    assert not (tmp_path / "run").exists()  # failed before any work

@@ -31,7 +31,7 @@ def _sample(sid, tokens=3):
 
 def test_an_async_steps_micro_batches_are_put_while_it_generates(ray_session, tmp_path):
     device = _emulated_device(tmp_path)
-    group = TrainerGroup(device, [0], scale_rewards=True, streaming=False, loss_agg="token")
+    group = TrainerGroup(device, [0], advantage="grpo", streaming=False, loss_agg="token")
     plan = plan_step(1, prompts=3, group_size=2, micro_batch_size=2, mode="async")  # micro-batches = groups
     samples = {sid: _sample(sid) for sid in plan.sample_ids}
 

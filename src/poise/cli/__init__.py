@@ -1,4 +1,4 @@
-"""`poise` command line: train | sft | simulate | plan | sweep | report | profile | export.
+"""`poise` command line: train | config | sft | simulate | plan | sweep | report | profile | export.
 
 Each subcommand lives in its own module with `add_parser(subparsers)` and `run(args) -> int`;
 modules are imported only when their subcommand runs, so `poise simulate` never imports torch.
@@ -15,6 +15,7 @@ from poise.errors import PoiseError
 # subcommand -> (module, one-line help). Plain data so grep finds every entry point.
 SUBCOMMANDS = {
     "train": ("poise.cli.train", "run RL post-training (GRPO/PPO) from a YAML config"),
+    "config": ("poise.cli.config", "print the resolved training config, every key with its help and default"),
     "sft": ("poise.cli.sft", "supervised warm start of a model on the built-in tasks"),
     "simulate": ("poise.cli.simulate", "simulate a scenario on a virtual clock"),
     "plan": ("poise.cli.plan", "recommend a split and say whether live resizing pays"),

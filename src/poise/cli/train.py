@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import signal
 import sys
 from pathlib import Path
@@ -13,12 +12,16 @@ from poise.errors import PoiseError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Every config key, with its help and default: poise config [CONFIG] [key=value ...] "
+                     "[--section algorithm] prints the resolved config as YAML.")
     parser.add_argument("config", nargs="?", help="YAML config (e.g. configs/demo.yaml); optional with --resume")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=3e-4 run.steps=20")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.lr=3e-4 run.steps=20 "
+                                                     "(`poise config` lists every key)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
+    from poise.api import check_before_work, run_training
     from poise.config import load_train_config
 
     overrides = list(args.overrides)
@@ -35,34 +38,11 @@ def run(args: argparse.Namespace) -> int:
         config_path = saved
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
-    if cfg.run.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise PoiseError("run.tensorboard=true needs the tensorboard package; pip install 'poise[tensorboard]', or set "
-                         "run.tensorboard=false")
-    if cfg.cluster.compute == "real":
-        from poise.train.setup import check_device
-
-        check_device(cfg.cluster, cfg.pipeline.mode == "colocated")  # a GPU (and NCCL), before Ray starts
-    if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
-        from poise.data.prompts import check_prompts
-
-        # a bad dataset row, a prompt too long for the context or a tokenizer larger than the
-        # model's vocabulary stops here, before the run directory
-        check_prompts(cfg.data, cfg.model, cfg.run.seed, cfg.rollout.max_context,
-                      cfg.algorithm.sampling.max_new_tokens)
-        from poise.rewards.scorer import check_rewards
-
-        check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
+    check_before_work(cfg)  # optional packages, device, prompts, reward functions: before the run directory
 
     interrupt.install(Path(cfg.run.dir))  # Ctrl-C / SIGTERM: see poise.interrupt
     try:
-        if cfg.pipeline.mode == "colocated":
-            from poise.train.colocated import train_colocated
-
-            rows = train_colocated(cfg, resume=bool(args.resume))
-        else:
-            from poise.runtime.driver import train_disaggregated
-
-            rows = train_disaggregated(cfg, resume=bool(args.resume))
+        rows = run_training(cfg, resume=bool(args.resume))
     except interrupt.Stopped as e:
         print(f"poise: {signal.Signals(e.signum).name}: stopped after {e.steps_done} steps, checkpoint "
               f"{e.checkpoint.name} written; resume with: poise train --resume {cfg.run.dir}", file=sys.stderr)

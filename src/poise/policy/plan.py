@@ -21,7 +21,8 @@ trainer all consume it; none of them cuts batches or sums normalisers on its own
         decreasing by length, ties by sample id): no padding between short and long sequences.
 
     loss_normaliser(micro_lengths, loss_agg)
-        the number a mini-batch's summed loss is divided by, summed per micro-batch
+        the number a mini-batch's summed loss is divided by (tokens or responses: a function of
+        the samples' lengths alone, never of which device holds them), summed per micro-batch
         (micro_normaliser) and then over micro-batches, in one fixed order, whoever computes it.
 
     step_stats(micro, grad_norms)
@@ -134,12 +135,14 @@ def plan_step(step: int, prompts: int, group_size: int, *, updates_per_step: int
 
 
 def micro_normaliser(lengths: Sequence[int], loss_agg: str) -> float:
-    """One micro-batch's normaliser: its response tokens (loss_agg token) or responses (sequence)."""
+    """One micro-batch's normaliser: its response tokens (loss_agg token) or its responses
+    (sequence, sequence_sum, and constant, whose loss divides each micro-batch's sum by
+    max_new_tokens itself: algo/losses.py `aggregate`)."""
     if loss_agg == "token":
         return float(sum(lengths))
-    if loss_agg == "sequence":
+    if loss_agg in ("sequence", "sequence_sum", "constant"):
         return float(len(lengths))
-    raise ConfigError("loss_agg", loss_agg, "allowed: token, sequence")
+    raise ConfigError("loss_agg", loss_agg, "allowed: token, sequence, sequence_sum, constant")
 
 
 def loss_normaliser(micro_lengths: Sequence[Sequence[int]], loss_agg: str) -> float:

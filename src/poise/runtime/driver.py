@@ -44,7 +44,7 @@ from poise.runtime.service import StreamGenerationService
 from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
-from poise.schema import dump
+from poise.schema import dump, to_dict
 from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
                                     encode_samples, latest_checkpoint, prune_checkpoints)
 from poise.train.progress import StepProgress
@@ -147,7 +147,7 @@ class Runtime:
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.scale_rewards, self.cfg.pipeline.streaming, algo.loss_agg,
+                                    algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
                                     step_timeout_s=c.step_timeout_s, **self.helpers())
 
     @property
@@ -648,7 +648,8 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             truncate_logs(run_dir, driver.start_step)  # no step logged twice
             driver.t0 = time.time() - run_clock(run_dir)  # the clock goes on from the last segment's end
             print(resume_line(run_dir, checkpoint, driver.start_step), file=sys.stderr)
-        with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard) as log:
+        with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                    config=to_dict(cfg)) as log:
             return driver.run(log)
     finally:
         runtime.shutdown()

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import ray
 
-from poise.algo.advantages import group_advantages
+from poise.algo.advantages import ready_advantages
 from poise.errors import PoiseError
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
@@ -63,10 +63,10 @@ class TrainerGroup:
     """`helpers`, `helper_ranks` (`pipeline.assist`, sync only): the rollout devices that compute a
     share of the first mini-batch's micro-batches still unstarted when generation ends."""
 
-    def __init__(self, workers: Sequence[object], ranks: Sequence[int], scale_rewards: bool, streaming: bool,
+    def __init__(self, workers: Sequence[object], ranks: Sequence[int], advantage: str, streaming: bool,
                  loss_agg: str, step_timeout_s: float = 600.0, helpers: Sequence[object] = (),
                  helper_ranks: Sequence[int] = ()):
-        self.scale_rewards, self.streaming, self.loss_agg = scale_rewards, streaming, loss_agg
+        self.advantage, self.streaming, self.loss_agg = advantage, streaming, loss_agg
         self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
         self.set_devices(workers, ranks, helpers, helper_ranks)
         self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
@@ -142,10 +142,8 @@ class TrainerGroup:
                 ref, put = self.put_ahead.pop(ids, (None, []))  # async: put while this step generated
                 same = len(put) == len(samples) and all(a is b for a, b in zip(put, samples))
                 self.staged[(u, j)] = ref if same else ray.put(samples)
-            group = self.plan.group(sid)
-            if all(g in self.rewards for g in group):
-                adv = group_advantages([self.rewards[g] for g in group], scale=self.scale_rewards)
-                self.advantages.update(zip(group, adv))
+            self.advantages.update(ready_advantages(self.advantage, self.rewards, sid, self.plan.group_size,
+                                                    self.plan.prompts))
         if self.streaming or self.ledger.complete:
             self._dispatch_ready()
         self._stage_ahead()

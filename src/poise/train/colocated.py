@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from poise import interrupt
-from poise.algo.advantages import group_advantages
+from poise.algo.advantages import ready_advantages
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
@@ -23,7 +23,7 @@ from poise.rollout.engine import Engine
 from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
-from poise.schema import dump
+from poise.schema import dump, to_dict
 from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
                                     prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
@@ -76,11 +76,11 @@ class ColocatedLoop:
         return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
 
     def advantages(self, rewards: dict[SampleId, float], step: int, n_prompts: int) -> dict[SampleId, float]:
+        algo = self.cfg.algorithm
         out: dict[SampleId, float] = {}
-        for i in range(n_prompts):  # group by group, as the runtime's trainer group does
-            group = [(step, i, j) for j in range(self.cfg.algorithm.group_size)]
-            out.update(zip(group, group_advantages([rewards[sid] for sid in group],
-                                                   scale=self.cfg.algorithm.scale_rewards)))
+        for i in range(n_prompts):  # group by group (or the step at once), as the runtime's trainer group does
+            out.update(ready_advantages(algo.advantage, rewards, (step, i, algo.group_size - 1), algo.group_size,
+                                        n_prompts))
         return out
 
     def train(self, samples, advantages: dict[SampleId, float]) -> dict:
@@ -160,7 +160,8 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
             print(resume_line(run_dir, checkpoint, loop.state.step), file=sys.stderr)
         else:
             dump(cfg, run_dir / "config.yaml")
-        with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard) as log:
+        with RunLog(run_dir, append=resume, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                    config=to_dict(cfg)) as log:
             return loop.run(log)
     finally:
         loop.steps.rewards.close()  # the reward sandbox's workers end with the run

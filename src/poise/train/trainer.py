@@ -22,7 +22,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch.optim.adam import adam
 
-from poise.algo.losses import grpo_loss
+from poise.algo.losses import policy_loss, token_entropy
 from poise.config import AlgorithmConfig
 from poise.policy.plan import MicroStats, loss_normaliser, pack_rows, plan_step, step_stats
 from poise.rollout.sampling import tempered
@@ -116,16 +116,25 @@ def pack_batch(samples: Sequence[SampleLike], pad_id: int) -> PackedBatch:
         scatter_at=scatter_at, mask=mask.view(b_count, t_max), rows=len(rows))
 
 
-def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
-    """Log-probs [N] of each response token under `model` at `temperature`, from one forward over
-    the packed rows. The output head runs on the N predicting positions only, not on every row
-    position (prompts and filler need no logits)."""
+def packed_logits(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """Tempered logits [N, V] predicting each response token, from one forward over the packed
+    rows. The output head runs on the N predicting positions only, not on every row position
+    (prompts and filler need no logits)."""
     device = next(model.parameters()).device
     hidden = model.get_decoder()(input_ids=batch.input_ids.to(device), position_ids=batch.position_ids.to(device),
                                  use_cache=False).last_hidden_state
     picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.predict_at.to(device))
-    logits = tempered(model.get_output_embeddings()(picked).float(), temperature)
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.to(device)[:, None]).squeeze(-1)
+    return tempered(model.get_output_embeddings()(picked).float(), temperature)
+
+
+def token_logprobs(logits: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """Log-probs [N] of the response tokens under `packed_logits`' logits [N, V]."""
+    return torch.log_softmax(logits, dim=-1).gather(-1, batch.targets.to(logits.device)[:, None]).squeeze(-1)
+
+
+def packed_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float) -> torch.Tensor:
+    """Log-probs [N] of each response token under `model` at `temperature` (one packed forward)."""
+    return token_logprobs(packed_logits(model, batch, temperature), batch)
 
 
 def unflatten(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
@@ -214,13 +223,16 @@ class PolicyTrainer:
 
     def micro_batch_grad(self, index: int, samples: Sequence[SampleLike],
                          advantages: torch.Tensor) -> MicroBatchResult:
-        """Gradient of the summed GRPO loss of one micro-batch. advantages: [B] float32."""
+        """Gradient of the summed policy loss (algo/losses.py `policy_loss`, knobs from the
+        algorithm config) of one micro-batch. advantages: [B] float32."""
         self.model.train()
         device = self.params[0].device
         advantages = advantages.to(device)
         temperature = self.cfg.sampling.temperature
         batch = pack_batch(samples, self.pad_id)  # one forward per micro-batch, no padding between sequences
-        logp = unflatten(packed_logprobs(self.model, batch, temperature), batch)
+        logits = packed_logits(self.model, batch, temperature)
+        logp = unflatten(token_logprobs(logits, batch), batch)
+        entropy = unflatten(token_entropy(logits), batch) if self.cfg.entropy_coef > 0 else None
         mask = batch.mask.to(device)
         ref = None
         if self.cfg.kl_coef > 0:
@@ -230,8 +242,11 @@ class PolicyTrainer:
         # the sample): exact for async staleness 1 and for several updates per step, without an
         # extra forward pass. Departure from verl, which recomputes them with the trainer.
         old = unflatten(batch.old_logprobs.to(device), batch)
-        loss = grpo_loss(logp, old, advantages, mask, self.cfg.clip_eps, self.cfg.kl_coef, ref,
-                         self.cfg.loss_agg)
+        c = self.cfg
+        loss = policy_loss(logp, old, advantages, mask, clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
+                           ratio_level=c.ratio_level, agg=c.loss_agg, max_response=c.sampling.max_new_tokens,
+                           kl_coef=c.kl_coef, kl_estimator=c.kl_estimator, ref_logprobs=ref,
+                           entropy_coef=c.entropy_coef, entropy=entropy)
         flat = torch.zeros(self.numel, dtype=torch.float32, device=device)  # a parameter without gradient: 0
         for p in self.params:
             p.grad = None  # the hook must see this backward's gradient alone
