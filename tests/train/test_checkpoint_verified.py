@@ -9,6 +9,7 @@ injected into the save).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -161,24 +162,44 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_before_any_save(tmp_pat
 
 
 def test_enospc_while_saving_is_one_line_and_loses_nothing(tmp_path, monkeypatch):
-    """Injected (works anywhere): the optimizer file of step 2 finds the disk full, as safetensors
-    reports it (its own error type; an OSError from Python's writes takes the same path)."""
-    real = ckpt.save_file
+    """Injected (works anywhere): the optimizer file of step 2 finds the disk full part-way through
+    (the streamed writer's OSError; safetensors' own error type, from the model file, takes the
+    same path: test_enospc_in_the_model_file below)."""
+    real = ckpt.write_tensors
 
-    def full_at_step_2(tensors, filename, metadata=None):
-        if "step_000002" in filename:
-            with open(filename, "wb") as f:
+    def full_at_step_2(path, entries):
+        if "step_000002" in str(path):
+            with open(path, "wb") as f:
                 f.write(b"\0" * 100)  # part of it made it
-            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-        return real(tensors, filename, metadata=metadata)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, entries)
 
-    monkeypatch.setattr(ckpt, "save_file", full_at_step_2)
+    monkeypatch.setattr(ckpt, "write_tensors", full_at_step_2)
     run_dir = tmp_path / "run"
     with pytest.raises(CheckpointSaveError) as err:
         _run(run_dir, 3)
     assert str(err.value) == f"disk full while saving step 2; step 1 is intact; free space and --resume {run_dir}"
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000001"]
     assert latest_checkpoint(run_dir).name == "step_000001"
+
+
+def test_enospc_in_the_model_file_is_one_line_too(tmp_path, monkeypatch):
+    """safetensors reports a full disk in its own error type, the OS error in its message only."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def full_at_step_2(tensors, filename, metadata=None):
+        if "step_000002" in str(filename):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(tensors, filename, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_at_step_2)
+    run_dir = tmp_path / "run"
+    with pytest.raises(CheckpointSaveError) as err:
+        _run(run_dir, 3)
+    assert str(err.value) == f"disk full while saving step 2; step 1 is intact; free space and --resume {run_dir}"
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000001"]
 
 
 def _mount_tmpfs(where: Path, size: int) -> bool:

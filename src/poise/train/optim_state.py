@@ -15,7 +15,8 @@ import torch
 def place_state(optimizer: torch.optim.Optimizer, param: torch.Tensor,
                 state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state` of `param` as `optimizer.load_state_dict` would store it: floating-point entries on
-    the parameter's device and in its dtype; `step` in float32, on the parameter's device only where
+    the parameter's device and in its dtype (float32 beside a bfloat16 or float16 parameter: mixed
+    precision keeps fp32 moments and masters); `step` in float32, on the parameter's device only where
     the optimizer steps there (fused or capturable), else on the CPU as AdamW expects. Always a copy,
     so the caller's tensors (a checkpoint's, a buffer's) are never aliased by the optimizer."""
     group = next((g for g in optimizer.param_groups if any(p is param for p in g["params"])), {})
