@@ -69,12 +69,15 @@ def test_a_worker_cgroup_holds_its_limits_and_goes_with_it(tmp_path):
     assert not (tmp_path / "poise-reward-1-2").exists()
 
 
-def test_the_pool_says_at_start_up_which_limits_are_per_process(make_scorer, reward_file, monkeypatch, capfd):
+def test_the_pool_says_once_at_the_first_batch_which_limits_are_per_process(make_scorer, reward_file, monkeypatch, capfd):
     monkeypatch.setattr(sandbox, "locate_cgroup", lambda: (None, "cgroup v2 /x offers no memory controller"))
     scorer = make_scorer([{"fn": f"{reward_file(GOOD)}:good"}], workers=1)
+    assert "reward sandbox" not in capfd.readouterr().err  # not before the run starts: an up-front error stays alone
+    scorer.score(inputs(2))
+    scorer.score(inputs(2, step=1))
     lines = [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x]
     assert len(lines) == 1, lines
-    assert lines[0].startswith("poise: warning: reward sandbox: no per-worker cgroup (cgroup v2 /x offers no memory "
+    assert lines[0].startswith("poise: reward sandbox: no per-worker cgroup (cgroup v2 /x offers no memory "
                                "controller): reward.memory_mb (RLIMIT_AS) and reward.cpu_s (RLIMIT_CPU) hold per "
                                "process"), lines[0]
     assert scorer.pool.confinement["cgroup"] is None

@@ -120,6 +120,6 @@ def per_process_line(why: str, confinement: dict) -> str:
     own = confinement.get("uid", 0) != 0 or confinement.get("network") == "namespace"
     task_limit = ("the task limit (RLIMIT_NPROC) holds per worker" if nproc > 0 and own else
                   "the task limit (RLIMIT_NPROC) counts the user's tasks" if nproc > 0 else "no task limit holds")
-    return (f"poise: warning: reward sandbox: no per-worker cgroup ({why}): reward.memory_mb (RLIMIT_AS) and "
+    return (f"poise: reward sandbox: no per-worker cgroup ({why}): reward.memory_mb (RLIMIT_AS) and "
             f"reward.cpu_s (RLIMIT_CPU) hold per process, so a reward that forks may use memory_mb in {tasks}; "
             f"{task_limit}, the wall-clock timeout per call")

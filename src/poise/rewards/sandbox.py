@@ -286,8 +286,10 @@ class SandboxPool:
             _kill_all(self._workers)
             raise
         self.confinement = self._workers[0].confinement or {}
-        if self.confinement.get("cgroup") is None:  # one line: which limits hold per process only
-            print(per_process_line(self.cgroup_why, self.confinement), file=sys.stderr)
+        # which limits hold per process only: one line, with the first batch (the run has started:
+        # an up-front error that follows the pool's start stays the only line)
+        self.notice = per_process_line(self.cgroup_why, self.confinement) if self.confinement.get("cgroup") is None \
+            else None
         self._threads = [threading.Thread(target=self._serve, args=(w,), name=f"reward-sandbox-{w.slot}", daemon=True)
                          for w in self._workers]
         for t in self._threads:
@@ -296,6 +298,9 @@ class SandboxPool:
 
     def submit(self, calls: Sequence[Call]) -> Batch:
         """Queue `calls`; returns at once. Chunks spread one batch over every worker."""
+        if self.notice is not None:
+            print(self.notice, file=sys.stderr)
+            self.notice = None
         batch = Batch(len(calls))
         size = max(1, min(CHUNK, -(-len(calls) // len(self._workers))))
         for start in range(0, len(calls), size):
