@@ -453,5 +453,5 @@ class Injector:
         kills = [(self.killed_at, None)] if self.killed_at is not None else []
         kills += self.sync_kills.killed_at() if self.sync_kills else []
         self.killed_at = None
-        when, self.where = max(kills, default=(None, None))
+        when, self.where = max(kills, key=lambda kill: kill[0], default=(None, None))
         return when
