@@ -41,9 +41,9 @@ def _recoveries(record) -> list[dict]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factory, warm_start, read_run, mode):
     straight = baseline(mode, tmp_path_factory, warm_start, read_run)
-    # a 60 s deadline (and gloo timeout): gloo does not notice a peer killed during a weight sync, so
-    # a survivor can sit in its broadcast until this timeout, and the recovery's probe of it waits as
-    # long (seen three times on 2026-12-02: 10 min each at the default 600 s)
+    # a 60 s deadline (and gloo timeout) bounds this test if a survivor sits in a collective with the
+    # dead peer (gloo can miss the death); the recovery no longer waits for one (PROBE_S): the attack
+    # at the default deadline is test_a_device_killed_during_a_weight_sync_is_survived_at_the_default_deadline
     killed = run_once(f"{mode}-killed", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
                       f"pipeline.mode={mode}", "cluster.step_timeout_s=60", hooks={KILL_ENV: KILLS[mode]})
     straight.assert_learned(warm_start)
@@ -54,6 +54,35 @@ def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factor
     killed.assert_bitwise_equal(straight, f"{mode}: three workers killed vs undisturbed")
     assert_logged_once(killed)
     assert not (killed.run_dir / "recover").exists()  # the scratch replica is gone
+
+
+@pytest.mark.slow
+def test_a_device_killed_during_a_weight_sync_is_survived_at_the_default_deadline(ray_session, tmp_path_factory,
+                                                                                  warm_start, read_run):
+    """The attack: devices die inside weight syncs while cluster.step_timeout_s keeps its default
+    (600 s, also gloo's collective timeout). The train leader SIGKILLs itself as it starts
+    broadcasting step 1's weights while rollout device 1 stays in that broadcast (gloo can leave a
+    survivor waiting there for its whole timeout; POISE_TEST_HANG=sync makes it certain), and rollout
+    device 0 dies 2 ms into step 2's sync. Each death is detected within 30 s, the recovery gives the
+    stuck survivor PROBE_S and no more (it restores from train device 3 and replaces every actor),
+    and the run ends byte-identical to the undisturbed one. Waiting on the stuck survivor instead
+    (the probe at step_timeout_s) stalls the recovery for the whole 600 s and ends the run there."""
+    straight = baseline("sync", tmp_path_factory, warm_start, read_run)
+    killed = run_once("sync-killed-in-sync", tmp_path_factory.getbasetemp(), warm_start, read_run,
+                      train_disaggregated, "pipeline.mode=sync",
+                      hooks={KILL_ENV: "sync:1:2:0,sync:2:0:0.002", HANG_ENV: "sync:1:1"})
+    assert config(killed.run_dir, warm_start).cluster.step_timeout_s == 600  # the default, not a test's
+    recoveries = _recoveries(killed)
+    assert [(e["step"], e["devices"]) for e in recoveries] == [(1, [2]), (2, [0])], recoveries
+    assert recoveries[0]["silent"] == [1], recoveries  # the attack hit: a survivor stuck in the broadcast
+    assert all("in the sync" in e["killed"] or "sync's end" in e["killed"] for e in recoveries), recoveries
+    assert all(e["detect_s"] < 30 for e in recoveries), recoveries
+    # a bound on a stall, not a speed: waiting on the stuck survivor takes the whole 600 s
+    assert all(e["recover_s"] < 300 for e in recoveries), recoveries
+    straight.assert_learned(warm_start)
+    killed.assert_learned(warm_start)
+    killed.assert_bitwise_equal(straight, "sync: the leader and a rollout device killed inside weight syncs")
+    assert_logged_once(killed)
 
 
 def _placement_groups_removed() -> bool:
@@ -129,6 +158,24 @@ def test_a_dead_actor_ends_the_wait_at_once_while_the_other_call_still_hangs(ray
 def test_a_misspelt_fault_hook_is_refused():
     with env(**{KILL_ENV: "generation:0:1"}), pytest.raises(PoiseError, match="POISE_TEST_KILL='generation:0:1'"):
         kill_hooks()
+
+
+@pytest.mark.parametrize("spec", ["sync:1:2", "train:1:2:0.5", "sync:1:2:-1", "sync:1:2:soon"])
+def test_a_sync_kill_needs_its_moment_and_only_a_sync_kill_has_one(spec):
+    with env(**{KILL_ENV: spec}), pytest.raises(PoiseError, match="sync:<step>:<device>:<seconds>"):
+        kill_hooks()
+
+
+def test_sync_kills_and_hangs_go_to_the_devices_the_driver_kills_the_rest():
+    from poise.runtime.faults import Injector, KillAt, sync_kill_hook
+
+    with env(**{KILL_ENV: "publish:1:2,sync:1:2:0.004", HANG_ENV: "sync:1:1"}):
+        hooks = sync_kill_hook()
+        injector = Injector(hooks)
+    assert hooks.hooks == (KillAt("sync", 1, 2, 0.004),) and hooks.stuck == ((1, 1),)
+    assert injector.hooks == [KillAt("publish", 1, 2)]
+    with env(**{KILL_ENV: "train:1:3", HANG_ENV: "train:1:1"}):
+        assert sync_kill_hook() is None
 
 
 @ray.remote

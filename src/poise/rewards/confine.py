@@ -10,7 +10,7 @@ privileges refuse is skipped, never fatal. What holds where:
 | processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
 | fork bombs | the worker drops to a uid of its own (keeping only CAP_DAC_READ_SEARCH, to read the interpreter under /root) so RLIMIT_NPROC applies: root ignores it | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
 | files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
-| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process, not per worker (no cgroup) | the same |
+| memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process; where this process's cgroup v2 hands memory and pids to its children, also memory.max and pids.max per worker and all its children (poise.rewards.cgroup; else one start-up line says so) | the same |
 | unix sockets | seccomp: socket(AF_UNIX) and io_uring refused, so no socket file (ssh-agent, Ray's raylet, D-Bus) is reachable | the same |
 | scratch | a tmpfs of memory_mb mounted by the pool (poise.rewards.sandbox), emptied after every call | on the disk, RLIMIT_FSIZE per file |
 | the result channel | the server holds the pool's pipes; each call process (nested Landlock domain, no capabilities, not dumpable) has only a pipe of its own (poise.rewards.worker) | the same |

@@ -88,7 +88,8 @@ class Runtime:
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
-                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device, c.shard)
+                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device, c.shard,
+                               test_kill=faults.sync_kill_hook())
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
@@ -214,7 +215,7 @@ class Driver:
         self.reward_results: dict[SampleId, RewardResult] = {}  # per function, until the step is logged
         self.trained: tuple | None = None  # the step's results once its update is done, until published
         self.syncing: list = []  # the step's weight-sync calls, once queued
-        self.injector = faults.Injector()  # the fault tests' kills (POISE_TEST_KILL); idle otherwise
+        self.injector = faults.Injector(runtime.spec.test_kill)  # the fault tests' kills (POISE_TEST_KILL)
         self.recoveries = 0
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
 
@@ -333,15 +334,16 @@ class Driver:
                 self.trained = (self.generated[step], stats, micro, updates, self.now(), self.now(), None)
         phase = "publish" if self.trained is not None else phase
         broken = faults.step_refs(self.rt.trainer) + self.syncing + list((self.trained or [None])[-1] or [])
-        source, what = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir,
+        source, what, silent = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir,
                                       c.step_timeout_s)
         faults.drain(broken)  # the dead step's failed calls: read here, not printed by Ray as unhandled
         if self.trained is not None:  # publish again (train_step): the rollout devices hold the weights they
             self.trained = self.trained[:-1] + (None,)  # generated with, which an async step may still need
         self.started = set(self.generated)  # what the dead actors were generating starts again
-        killed, self.injector.killed_at = self.injector.killed_at, None
+        killed = self.injector.kill_time()
         log.event("recovery", self.now(), step=step, phase=phase, devices=lost.devices, source=source,
-                  detect_s=(detected - killed) if killed else None, recover_s=time.time() - detected)
+                  detect_s=(detected - killed) if killed else None, recover_s=time.time() - detected, silent=silent,
+                  **({"killed": self.injector.where} if self.injector.where else {}))
         print(f"poise: warning: {what}", file=sys.stderr)
 
     def restore_pending(self, checkpoint: Path) -> None:

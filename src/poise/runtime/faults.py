@@ -31,16 +31,26 @@ Test hooks (read by the driver, honoured by real Ray calls, never a mock):
       micro-batches queued or running), publish (the update done, the weight sync in flight),
       checkpoint (before the step's checkpoint is written). An emulated device that shares
       its process (emulation.devices_per_process) dies with that process's other devices.
+  POISE_TEST_KILL=sync:<step>:<device>:<seconds>   the device SIGKILLs its own process <seconds>
+      after it enters the weight sync of `step` (sender or receiver), or at the sync's end if it
+      is over sooner: a death at a chosen moment inside the broadcast, which a kill sent by the
+      driver cannot hit (the sync of the tiny test model lasts milliseconds). Once per run: the
+      device notes the moment in Ray's key-value store first, where the replacement actor sees
+      it (and does not die again) and the driver reads it for the recovery's detection time.
   POISE_TEST_HANG=<call>:<step>:<device>    the device's actor sleeps forever in `call`
-      (submit or train) for the requests/micro-batches of `step` (runtime/worker.py).
+      (submit or train) for the requests/micro-batches of `step` (runtime/worker.py); with `sync`,
+      as it enters the weight sync of `step`, once per run (SyncKills.hang).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
+import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -52,7 +62,7 @@ from poise.runtime import hosting
 
 KILL_ENV = "POISE_TEST_KILL"
 HANG_ENV = "POISE_TEST_HANG"
-KILL_PHASES = ("generate", "train", "publish", "checkpoint")
+KILL_PHASES = ("generate", "train", "publish", "checkpoint", "sync")  # sync: the device kills itself
 PROBE_S = 5.0  # how long a survivor has to answer the probe after a failure
 START_UP_S = 300.0  # at least this long for the actors' start (model build, rendezvous) on a loaded machine
 
@@ -178,12 +188,13 @@ def settled_updates(trainer, timeout_s: float) -> str:
 
 
 def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int, run_dir: Path, timeout_s: float
-            ) -> tuple[int, str]:
+            ) -> tuple[int, str, list[int]]:
     """Replace every actor of `rt` (runtime.driver.Runtime) and restore a surviving replica on each:
     the train devices get a surviving train device's weights and optimizer state (weights
     `version`); the rollout devices get weights `rollout_version`, from a surviving rollout device
     if the train devices already moved past it (async: the next step's generation needs the
-    weights before the update). Returns (source train device, a one-line description)."""
+    weights before the update). Returns (source train device, a one-line description, the
+    survivors that did not answer the probe: busy in a collective with the dead device)."""
     dead = sorted(set(lost.devices) | set(dead_devices(rt)))
     roles = [role_of(rt, d) for d in dead]
     survivors = [d for d in rt.train_ranks if d not in dead]
@@ -193,6 +204,7 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, "with cluster.shard=optimizer its part of the "
                                                                 "optimizer state has no replica"))
     held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead))}
+    silent = [d for d, v in held.items() if v is None and d not in dead]
     source = next((d for d in survivors if held[d] == version), survivors[0])
     if held[source] is None:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"no surviving train device answered within "
@@ -239,7 +251,7 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
         raise RunFailure(f"recovery at step {step}: devices restored weights versions {[v for _, v in states]}, "
                          f"expected {want}; resume from the last checkpoint with --resume {run_dir}")
     return source, (f"device(s) {dead} ({', '.join(roles)}) died at step {step}; replaced, and restored from "
-                    f"device {source}")
+                    f"device {source}"), silent
 
 
 def step_refs(trainer) -> list:
@@ -308,6 +320,7 @@ class KillAt:
     phase: str
     step: int
     device: int
+    after_s: float = 0.0  # sync only: seconds into the device's weight sync
 
 
 def kill_hooks() -> list[KillAt]:
@@ -315,14 +328,16 @@ def kill_hooks() -> list[KillAt]:
     spec = os.environ.get(KILL_ENV, "")
     hooks = []
     for part in filter(None, spec.split(",")):
+        fields = part.split(":")
         try:
-            phase, step, device = part.split(":")
-            hook = KillAt(phase, int(step), int(device))
-        except ValueError:
+            hook = KillAt(fields[0], int(fields[1]), int(fields[2]), *map(float, fields[3:]))
+        except (ValueError, IndexError, TypeError):
             hook = None
-        if hook is None or hook.phase not in KILL_PHASES:
+        if hook is None or hook.phase not in KILL_PHASES or (len(fields) == 4) != (hook.phase == "sync") \
+                or not 0 <= hook.after_s < 3600:
             raise PoiseError(f"{KILL_ENV}={spec!r}: expected <phase>:<step>:<device>[,...] with phase one of "
-                             f"{', '.join(KILL_PHASES)}; unset it outside the fault tests")
+                             f"{', '.join(KILL_PHASES[:-1])}, or sync:<step>:<device>:<seconds>; unset it outside "
+                             "the fault tests")
         hooks.append(hook)
     return hooks
 
@@ -331,16 +346,115 @@ def hang_hook() -> str | None:
     return os.environ.get(HANG_ENV) or None
 
 
+@dataclass(frozen=True)
+class SyncKills:
+    """The `sync` kills of POISE_TEST_KILL and hangs of POISE_TEST_HANG, handed to every device in
+    its WorkerSpec. The sync of step k publishes weights version k+1 (one version per step)."""
+
+    hooks: tuple[KillAt, ...]
+    stuck: tuple[tuple[int, int], ...] = ()  # (step, device) of POISE_TEST_HANG=sync:<step>:<device>
+    key: str = field(default_factory=lambda: f"poise-test-kill-{uuid.uuid4().hex}")  # this run's, in Ray's kv
+
+    def arm(self, device: int, version: int) -> "SyncKiller | None":
+        """Called by device `device` as it enters the sync of weights `version`: a running
+        SyncKiller if a hook asks for its death there and it has not died there yet."""
+        from ray.experimental import internal_kv
+
+        for hook in self.hooks:
+            note = self.note(hook)
+            if (hook.device, hook.step + 1) == (device, version) and not internal_kv._internal_kv_exists(note):
+                return SyncKiller(note, hook.after_s)
+        return None
+
+    def hang(self, device: int, version: int) -> None:
+        """Called by device `device` as it enters the sync of weights `version`: sleeps forever if
+        POISE_TEST_HANG asks for it there, once per run (its replacement syncs): the survivor that
+        gloo can leave in a broadcast with a dead peer until the collective timeout, made certain."""
+        from ray.experimental import internal_kv
+
+        for step, stuck in self.stuck:
+            note = f"{self.key}:hang:{step}:{stuck}"
+            if (stuck, step + 1) == (device, version) and not internal_kv._internal_kv_exists(note):
+                internal_kv._internal_kv_put(note, b"hung", overwrite=True)
+                while True:
+                    time.sleep(3600)
+
+    def note(self, hook: KillAt) -> str:
+        return f"{self.key}:{hook.step}:{hook.device}"
+
+    def killed_at(self) -> list[tuple[float, str]]:
+        """(wall time, where in the sync) of each kill that happened, read once each."""
+        from ray.experimental import internal_kv
+
+        out = []
+        for hook in self.hooks:
+            got = internal_kv._internal_kv_get(self.note(hook))
+            if got is not None and got != b"read":
+                when, where = got.decode().split("|")
+                out.append((float(when), where))
+                internal_kv._internal_kv_put(self.note(hook), b"read", overwrite=True)
+        return out
+
+
+def sync_kill_hook() -> SyncKills | None:
+    """The devices' own faults in a weight sync: POISE_TEST_KILL=sync:... and POISE_TEST_HANG=sync:..."""
+    hooks = tuple(h for h in kill_hooks() if h.phase == "sync")
+    hang = (hang_hook() or "").split(":")
+    stuck = ((int(hang[1]), int(hang[2])),) if len(hang) == 3 and hang[0] == "sync" else ()
+    return SyncKills(hooks, stuck) if hooks or stuck else None
+
+
+class SyncKiller:
+    """A device's death `after_s` into its weight sync: a timer thread SIGKILLs the process (as a
+    crash: no clean-up, no reply) unless `at_end` comes first, which kills it there."""
+
+    def __init__(self, note: str, after_s: float):
+        self.note, self._lock, self._done = note, threading.Lock(), False
+        self._armed = time.time()
+        self._timer = threading.Timer(after_s, self.kill, args=("in the sync",))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def kill(self, where: str) -> None:
+        from ray.experimental import internal_kv
+
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            now = time.time()
+            note = f"{now!r}|{(now - self._armed) * 1e3:.1f} ms {where}"
+            internal_kv._internal_kv_put(self.note, note.encode(), overwrite=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def at_end(self) -> None:
+        """The sync returned before the moment: die now, before its result is sent."""
+        self._timer.cancel()
+        self.kill("at the sync's end")
+
+
 class Injector:
     """Kills a device's actor at each phase and step the test asked for (once each), with a real
-    ray.kill: the actor's process ends as if it crashed."""
+    ray.kill: the actor's process ends as if it crashed. `sync` kills are the devices' own
+    (SyncKills); their moments come back through `kill_time`."""
 
-    def __init__(self) -> None:
-        self.hooks = kill_hooks()
+    def __init__(self, sync_kills: SyncKills | None = None) -> None:
+        self.hooks = [h for h in kill_hooks() if h.phase != "sync"]
+        self.sync_kills = sync_kills
         self.killed_at: float | None = None  # wall time of the last kill, to measure detection
+        self.where: str | None = None  # a sync kill's moment: "<ms> ms in the sync" or "... at the sync's end"
 
     def at(self, rt, phase: str, step: int) -> None:
         for h in [h for h in self.hooks if (h.phase, h.step) == (phase, step)]:
             self.hooks.remove(h)
             hosting.kill(rt.workers[h.device])
             self.killed_at = time.time()
+
+    def kill_time(self) -> float | None:
+        """When the kill that a recovery follows happened (None if no test hook killed), read once;
+        `where` says the moment of a sync kill."""
+        kills = [(self.killed_at, None)] if self.killed_at is not None else []
+        kills += self.sync_kills.killed_at() if self.sync_kills else []
+        self.killed_at = None
+        when, self.where = max(kills, key=lambda kill: kill[0], default=(None, None))
+        return when

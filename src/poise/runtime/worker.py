@@ -47,6 +47,7 @@ class WorkerSpec:
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
     gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
     shard: str = "none"  # cluster.shard: none | optimizer (runtime/train_shard.py)
+    test_kill: object = None  # runtime/faults.py SyncKills: POISE_TEST_KILL=sync:..., tests only
 
 
 class Device(FileEndpoint):
@@ -58,6 +59,7 @@ class Device(FileEndpoint):
         self.role: Role = "idle"
         self.version = 0
         self.hang = _parse_hang(spec.test_hang, rank)
+        self.sync_kill = spec.test_kill
         build = _emulated_roles if spec.emulated is not None else _real_roles
         engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
@@ -216,7 +218,13 @@ class Device(FileEndpoint):
         sender_ready = None
         if after:  # the leader's update record: when the sender entered the sync
             sender_ready = max(record["end"] for record in ray.get(after))
+        killer = None
+        if self.sync_kill is not None:  # the fault tests' death or hang in this sync (runtime/faults.py)
+            killer = self.sync_kill.arm(self.rank, version)
+            self.sync_kill.hang(self.rank, version)
         seconds = self.sync.publish(src, ranks, version, bucket_mb, sender_ready)
+        if killer is not None:  # the sync ended before the kill's moment: it dies here, before answering
+            killer.at_end()
         self.version = version
         return seconds
 
