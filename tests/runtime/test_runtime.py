@@ -131,6 +131,8 @@ def test_sharded_optimizer_state_equals_colocated_for_every_split(ray_session, r
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
     got.assert_bitwise_equal(reference, f"sync {split} sharded vs colocated")
+    # the global norm, from every owner's per-tensor norms, is the colocated one (clipping or not)
+    assert [r["grad_norm"] for r in got.rows] == [r["grad_norm"] for r in reference.rows]
     whole = runs.disaggregated("sync", (3, 1))
     full = max(e["optimizer_bytes"] for e in whole.events if e["kind"] == "interval" and e["phase"] == "update")
     held = {}
@@ -154,6 +156,7 @@ def test_bfloat16_equals_the_bfloat16_colocated_loop(ray_session, runs, warm_sta
     got = runs.disaggregated("sync", split, "model.dtype=bfloat16", f"cluster.shard={shard}")
     got.assert_learned(warm_start)
     got.assert_bitwise_equal(reference, f"sync {split} bf16 shard={shard} vs colocated bf16")
+    assert [r["grad_norm"] for r in got.rows] == [r["grad_norm"] for r in reference.rows]
     fp32 = runs.colocated()
     assert reference.samples != fp32.samples  # bf16 computes something else
     from safetensors import safe_open
