@@ -29,8 +29,10 @@ fast mode's does (the one forward per step with every live row, `StepInputs.row_
 
 Where the matmul has no row quantum (cuBLAS picks kernels by M, so CUDA), batch_invariant falls
 back to fixed-shape tiles: decode runs in tiles of `invariant_tile` consecutive slots, always at
-the full tile and the full context (masked), one forward per tile, prefill one forward per
-request; every matmul and attention then has one fixed shape.
+the full tile, one forward per tile, prefill one forward per request; every matmul has one fixed
+shape, and a row at position p attends over `runner.key_bucket(p)` keys (one attention call per
+bucket the tile's rows fall in, each over the whole tile), so attention reads the positions in
+use, bucketed, not the whole context, and its shapes are a function of the row's position.
 
 The fast mode (default) packs only live rows, attends each over about its own context (the
 runner's ragged decode groups) and resumes by prefilling prompt + generated tokens; tokens then

@@ -76,11 +76,13 @@ class StepInputs:
     the cache at `decode_positions` and attends to positions [0, position] of its slot.
     prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
 
-    fixed_shape: decode runs over every slot of [attend_lo, attend_hi), all slots within it,
-    each attending over cache positions [0, attend_len) (masked): a slot with no decode row gets
-    a padding row (writes to the scratch row), and the logits keep one row per slot of the range.
-    Batch-invariant tiles rely on this: the shapes depend on the range, never on which slots are
-    live. Otherwise (the fast path) only the decode rows are computed and attention is ragged
+    fixed_shape: decode runs over every slot of [attend_lo, attend_hi), all slots within it: a
+    slot with no decode row gets a padding row (writes to the scratch row), and the logits keep
+    one row per slot of the range. A row at position p attends over the first
+    `key_bucket(p, attend_len)` cache positions (masked beyond p): one attention call per bucket
+    that the tile's rows fall in, each over the whole tile, whose rows of that bucket keep its
+    result. Batch-invariant tiles rely on this: every shape a row meets is a function of the range
+    and of its own position, never of which slots are live or where they are. Otherwise (the fast path) only the decode rows are computed and attention is ragged
     (see the module docstring); attend_* are then ignored.
 
     row_quantum > 0: batch-invariant rows (see `row_quantum`): every row-wise matmul runs over a
@@ -215,6 +217,7 @@ class _DecodeGroup:
     gather: torch.Tensor | None = None
     rel: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # fixed-shape tile: [tile, 1] bool, the rows that keep this group's result
 
 
 def _rows_invariant(weights: list[torch.Tensor], rows: torch.Tensor, quantum: int) -> bool:
@@ -444,9 +447,8 @@ class DecoderRunner:
         positions: [decode rows] int64 on the device (fixed shape: one row per slot of the range,
         padding rows at 0). context: the cache's positions per slot.
         """
-        if step.fixed_shape:  # one group over the whole tile and context: no shape depends on who is live
-            mask = self._decode_mask(step.attend_len, positions)
-            return [_DecodeGroup(step.attend_len, step.attend_lo, step.attend_hi, mask=mask)]
+        if step.fixed_shape:
+            return self._tile_groups(step, positions)
         slots, pos = step.decode_slots, step.decode_positions
         invariant = step.row_quantum > 0  # always masked: one kernel path whatever the company
         if invariant:
@@ -496,6 +498,23 @@ class DecoderRunner:
                 mask = self._decode_mask(plan.length, group_pos)
             groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
         return groups
+
+    def _tile_groups(self, step: StepInputs, positions: torch.Tensor) -> list[_DecodeGroup]:
+        """A fixed-shape tile's decode attention: one group per key bucket of its live rows,
+        longest first, each over the whole tile at the bucket's length, so attention reads the
+        positions in use (bucketed) instead of the whole context, and no shape depends on which
+        slots are live. The first group's result stands for every row, and each later group's
+        replaces it on its own rows (`keep`); padding rows, in no bucket, keep what they get."""
+        row_buckets = [key_bucket(p, step.attend_len) for p in step.decode_positions]
+        lengths = sorted(set(row_buckets), reverse=True)
+        keep = None
+        if len(lengths) > 1:  # each row's bucket, by tile row (padding rows: 0, in no bucket)
+            by_row = [0] * (step.attend_hi - step.attend_lo)
+            for slot, length in zip(step.decode_slots, row_buckets):
+                by_row[slot - step.attend_lo] = length
+            keep = self._ids(by_row)[:, None]
+        return [_DecodeGroup(length, step.attend_lo, step.attend_hi, mask=self._decode_mask(length, positions),
+                             keep=None if i == 0 else keep == length) for i, length in enumerate(lengths)]
 
     def _windowed(self, keys: int) -> bool:
         """Whether the sliding window hides some of `keys` consecutive keys from a query."""
@@ -547,23 +566,30 @@ class DecoderRunner:
         """
         outs = []
         for g in groups:
-            qg = q if g.rows is None else q.index_select(0, g.rows)
-            if g.gather is not None:  # scattered slots: copy just their cache rows
-                keys = cache.keys[layer][:, :, :g.length].index_select(0, g.gather)
-                values = cache.values[layer][:, :, :g.length].index_select(0, g.gather)
+            if g.keep is not None:  # a fixed-shape tile's shorter bucket: its rows take its result
+                outs[0] = torch.where(g.keep, self._attend_group(q, cache, layer, g), outs[0])
             else:
-                keys = cache.keys[layer][g.lo:g.hi, :, :g.length]
-                values = cache.values[layer][g.lo:g.hi, :, :g.length]
-                if g.rel is not None:  # idle slots inside the range get zero queries
-                    qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
-            n = qg.shape[0]
-            out = self._attend(qg.view(n, self.num_kv_heads, self.group, self.head_dim), keys, values, g.mask)
-            out = out.reshape(n, self.num_heads * self.head_dim)
-            outs.append(out if g.rel is None else out.index_select(0, g.rel))
-        if len(groups) == 1:
+                outs.append(self._attend_group(q, cache, layer, g))
+        if len(outs) == 1:
             return outs[0]
         out = torch.cat(outs)  # groups in length order -> rows in slot order
         return torch.empty_like(out).index_copy_(0, torch.cat([g.rows for g in groups]), out)
+
+    def _attend_group(self, q: torch.Tensor, cache: KVCache, layer: int, g: _DecodeGroup) -> torch.Tensor:
+        """One decode group's attention: [its rows, heads * head_dim]."""
+        qg = q if g.rows is None else q.index_select(0, g.rows)
+        if g.gather is not None:  # scattered slots: copy just their cache rows
+            keys = cache.keys[layer][:, :, :g.length].index_select(0, g.gather)
+            values = cache.values[layer][:, :, :g.length].index_select(0, g.gather)
+        else:
+            keys = cache.keys[layer][g.lo:g.hi, :, :g.length]
+            values = cache.values[layer][g.lo:g.hi, :, :g.length]
+            if g.rel is not None:  # idle slots inside the range get zero queries
+                qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
+        n = qg.shape[0]
+        out = self._attend(qg.view(n, self.num_kv_heads, self.group, self.head_dim), keys, values, g.mask)
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        return out if g.rel is None else out.index_select(0, g.rel)
 
     def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
