@@ -272,6 +272,36 @@ def test_the_noise_table_changes_no_token(qwen2, mode, monkeypatch):
            {sid: (s.token_ids, s.logprobs) for sid, s in reference.items()}
 
 
+@pytest.mark.parametrize("mode", ["bitwise rows", "bitwise tiles", "fast"])
+def test_a_step_reads_the_device_once_and_copies_to_it_without_waiting(qwen2, mode, monkeypatch):
+    """On a GPU every read of a device tensor, and every `torch.tensor(..., device=...)` (a copy
+    from pageable memory, which torch waits for), stalls the host behind the queued kernels. A
+    decode step reads its sampled tokens and logprobs once, and makes its index copies with
+    rollout/transfer.py (pinned, non-blocking). Counted here on the CPU, where the same calls run."""
+    invariant = mode != "fast"
+    if mode == "bitwise tiles":
+        monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
+    eng = engine(qwen2, num_slots=6, batch_invariant=invariant)
+    for r in requests(20):
+        eng.submit(r)
+    reads, waited = [], []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: (k.get("device") is None or waited.append(k["device"]),
+                                                          tensor(*a, **k))[1])
+    steps = 0
+    while not eng.idle:
+        eng.step()
+        steps += 1
+    monkeypatch.undo()
+    assert steps > 20
+    assert reads == ["tolist"] * steps  # one read a step
+    assert waited == []  # no waiting copy to the device
+
+
 # ---- migration ------------------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import CacheShape, KVCache
+from poise.rollout.transfer import to_device
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE
@@ -358,7 +359,7 @@ class DecoderRunner:
         return CacheShape(len(self.layers), slots, self.num_kv_heads, context, self.head_dim)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
+        return to_device(values, self.device)  # no host sync (rollout/transfer.py)
 
     @torch.inference_mode()
     def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
@@ -602,7 +603,7 @@ class DecoderRunner:
             offset += length
         index = self._ids(gather + back)
         pos = torch.arange(width, device=self.device)
-        valid = pos[None, :] < torch.tensor(lengths, device=self.device)[:, None]  # [segments, keys]
+        valid = pos[None, :] < to_device(lengths, self.device)[:, None]  # [segments, keys]
         mask = (pos[None, :, None] >= pos[None, None, :]) & valid[:, None, :]  # causal & real keys
         if self._windowed(width):
             mask &= self._causal_window_mask(width)[None]
