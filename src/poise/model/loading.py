@@ -8,6 +8,7 @@ by name. A checkpoint of a type the rollout engine cannot run is refused before 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -152,16 +153,26 @@ def _safetensors_header(file: Path) -> dict[str, tuple[torch.dtype, list[int], i
             size = int.from_bytes(f.read(8), "little")
             header = json.loads(f.read(size))
     except (OSError, ValueError) as e:
-        raise PoiseError(f"cannot read safetensors file '{file}': {str(e).splitlines()[0]}") from None
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PoiseError(f"cannot load model from '{file.parent}': its safetensors file '{file.name}' has no "
+                         f"readable header ({first}); save the model again") from None
     out = {}
-    for name, entry in header.items():
+    for name, entry in (header.items() if isinstance(header, dict) else [("", header)]):
         if name == "__metadata__":
             continue
-        if entry.get("dtype") not in _SAFETENSORS_DTYPES:
-            raise PoiseError(f"safetensors file '{file}': tensor '{name}' has dtype {entry.get('dtype')!r}, which "
-                             f"Poise does not load; save the model in one of {', '.join(_SAFETENSORS_DTYPES)}")
-        start, end = entry["data_offsets"]
-        out[name] = (_SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"], 8 + size + start, 8 + size + end)
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and dtype is None:
+            raise PoiseError(f"cannot load model from '{file.parent}': tensor '{name}' of '{file.name}' has dtype "
+                             f"{entry.get('dtype')!r}; save the model in one of {', '.join(_SAFETENSORS_DTYPES)}")
+        try:
+            start, end = entry["data_offsets"]
+            shape = [int(n) for n in entry["shape"]]
+            if end - start != math.prod(shape) * dtype.itemsize:
+                raise ValueError("size")
+        except (KeyError, TypeError, ValueError):
+            raise PoiseError(f"cannot load model from '{file.parent}': the header of '{file.name}' describes tensor "
+                             f"'{name}' as {entry!r}; save the model again") from None
+        out[name] = (dtype, shape, 8 + size + start, 8 + size + end)
     return out
 
 
@@ -176,7 +187,8 @@ def _read_into(f, start: int, end: int, dtype: torch.dtype, shape: list[int], pa
     while done < len(view):  # one read returns at most ~2 GB on Linux
         got = f.readinto(view[done:])
         if not got:
-            raise PoiseError(f"safetensors file '{f.name}' ends inside a tensor; the checkpoint is truncated")
+            raise PoiseError(f"cannot load model: safetensors file '{f.name}' ends inside a tensor (truncated); "
+                             "save the model again")
         done += got
     if not in_place:
         param.copy_(buffer.view(dtype).view(shape))
