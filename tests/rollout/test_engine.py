@@ -194,6 +194,35 @@ def test_batch_invariant_tokens_and_logprobs_under_batch_size_slot_order_and_com
                 assert sample.logprobs == reference[sid].logprobs, f"{name}: {sid}"
 
 
+def test_tiles_attend_over_each_rows_key_bucket_not_the_whole_context(qwen2, monkeypatch):
+    """The fixed-shape tiles (CUDA's fallback, forced) attend over the positions in use, bucketed
+    by position (context 96: buckets 64 and 96), and tiles whose rows span both buckets keep
+    tokens and logprobs bit-identical under batch size, slot order and company."""
+    monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
+    sampling = dataclasses.replace(STOCHASTIC, max_new_tokens=80)  # most run to the context's end
+    reqs = [Request((0, i, 0), p) for i, p in enumerate(prompts(12, seed=5, low=2, high=40))]
+    other = [Request((1, i, 1), p) for i, p in enumerate(prompts(12, seed=6, low=2, high=40))]
+    keys_read = []
+    attend = DecoderRunner._attend
+    monkeypatch.setattr(DecoderRunner, "_attend",
+                        lambda self, q, k, v, m: (keys_read.append(k.shape[2]), attend(self, q, k, v, m))[1])
+
+    def run(requests, slots):
+        eng = engine(qwen2, sampling, num_slots=slots, batch_invariant=True, invariant_tile=4)
+        assert eng.row_quantum == 0 and eng.context == 96
+        return by_id(eng.generate(requests))
+
+    reference = run(reqs, 1)
+    assert set(keys_read) == {64, 96} and keys_read.count(64) > keys_read.count(96)  # not the context every step
+    assert max(len(p.prompt_ids) + len(s.token_ids) for p, s in zip(reqs, reference.values())) > 90
+    for name, got in {"8 slots": run(reqs, 8), "12 slots, reversed": run(reqs[::-1], 12),
+                      "6 slots, other company": run(other[:7] + reqs[::2] + other[7:], 6)}.items():
+        for sid, sample in got.items():
+            if sid in reference:
+                assert (sample.token_ids, sample.logprobs) == (reference[sid].token_ids, reference[sid].logprobs), \
+                    f"{name}: {sid}"
+
+
 def test_fast_mode_tokens_do_not_depend_on_the_batch(qwen2):
     reqs = requests(30)
     one, many = _run(qwen2, reqs, 1, invariant=False), _run(qwen2, reqs[::-1], 16, invariant=False)
@@ -241,6 +270,36 @@ def test_the_noise_table_changes_no_token(qwen2, mode, monkeypatch):
     assert ahead.noise.refilled >= sum(len(s.token_ids) for s in run.values()) // 5
     assert {sid: (s.token_ids, s.logprobs) for sid, s in run.items()} == \
            {sid: (s.token_ids, s.logprobs) for sid, s in reference.items()}
+
+
+@pytest.mark.parametrize("mode", ["bitwise rows", "bitwise tiles", "fast"])
+def test_a_step_reads_the_device_once_and_copies_to_it_without_waiting(qwen2, mode, monkeypatch):
+    """On a GPU every read of a device tensor, and every `torch.tensor(..., device=...)` (a copy
+    from pageable memory, which torch waits for), stalls the host behind the queued kernels. A
+    decode step reads its sampled tokens and logprobs once, and makes its index copies with
+    rollout/transfer.py (pinned, non-blocking). Counted here on the CPU, where the same calls run."""
+    invariant = mode != "fast"
+    if mode == "bitwise tiles":
+        monkeypatch.setattr(DecoderRunner, "row_quantum", lambda self: 0)
+    eng = engine(qwen2, num_slots=6, batch_invariant=invariant)
+    for r in requests(20):
+        eng.submit(r)
+    reads, waited = [], []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: (k.get("device") is None or waited.append(k["device"]),
+                                                          tensor(*a, **k))[1])
+    steps = 0
+    while not eng.idle:
+        eng.step()
+        steps += 1
+    monkeypatch.undo()
+    assert steps > 20
+    assert reads == ["tolist"] * steps  # one read a step
+    assert waited == []  # no waiting copy to the device
 
 
 # ---- migration ------------------------------------------------------------------------------------

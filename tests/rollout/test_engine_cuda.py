@@ -7,6 +7,8 @@ of rows, so the runner finds no row quantum).
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -63,3 +65,44 @@ def test_batch_invariant_bitwise_on_cuda(qwen2):
     assert run(7, reqs) == alone
     crowded = run(32, others + reqs[::-1])  # other slots, reversed order, other company
     assert {sid: crowded[sid] for sid in alone} == alone
+
+
+def test_tiles_spanning_key_buckets_stay_bitwise_on_cuda(qwen2):
+    """Responses that run to the end of the 96-position context: a tile's rows fall in the key
+    buckets 64 and 96, and attend in one call per bucket; still the same bytes in any company."""
+    model = qwen2.to("cuda")
+    reqs = [Request((2, i, 0), p, 90) for i, p in enumerate(prompts(10, seed=8))]
+
+    def run(slots: int, batch: list[Request]) -> dict:
+        eng = Engine(model, EngineConfig(num_slots=slots, batch_invariant=True, invariant_tile=4), STOCHASTIC,
+                     seed=7, eos_id=None)
+        return {s.sample_id: (s.token_ids, s.logprobs) for s in eng.generate(batch)}
+
+    alone = run(1, reqs)
+    assert max(len(tokens) for tokens, _ in alone.values()) > 64
+    assert run(7, reqs[::-1]) == alone
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["fast", "bitwise tiles"])
+def test_a_decode_step_syncs_the_host_at_most_once_on_cuda(qwen2, invariant):
+    """rollout/transfer.py: a step's index copies to the GPU queue without waiting; the one sync
+    left is the read of the sampled tokens (torch's sync debug mode warns at each sync)."""
+    model = qwen2.to("cuda")
+    eng = Engine(model, EngineConfig(num_slots=4, batch_invariant=invariant, invariant_tile=4), STOCHASTIC,
+                 seed=7, eos_id=None)
+    for i, p in enumerate(prompts(8, seed=5)):
+        eng.submit(Request((0, i, 0), p))
+    eng.step()  # the cache, the noise table and the pinned-memory cache are made here
+    torch.cuda.synchronize()
+    steps = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            while not eng.idle:
+                eng.step()
+                steps += 1
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    assert steps > 10 and len(syncs) <= steps, [str(w.message) for w in syncs[:3]]

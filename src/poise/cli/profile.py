@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProfileConfig(batch_sizes=args.batches, contexts=args.contexts, prompt_lengths=args.prompts,
                         repeats=args.repeats)
     if args.model:
-        model, name = load_model(args.model, dtype=dtype), Path(args.model).name
+        model, name = load_model(args.model, dtype, args.device), Path(args.model).name
     else:
         tiny = TinyModelConfig()
         model, name = build_tiny(tiny, vocab_size=60, seed=0).to(dtype), f"tiny-{tiny.arch}"

@@ -8,6 +8,7 @@ by name. A checkpoint of a type the rollout engine cannot run is refused before 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -54,12 +55,23 @@ def build_tiny(cfg: TinyModelConfig, vocab_size: int, seed: int, eos_id: int = 2
     return model
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """Load a causal LM from a local directory holding config.json and safetensors weights."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> torch.nn.Module:
+    """Load a causal LM from a local directory holding config.json and safetensors weights,
+    straight onto `device` in `dtype`.
 
-    hf_logging.disable_progress_bar()
+    No full copy in another dtype or on another device exists at any time: the model is built
+    without storage (meta), its parameters are allocated on `device` in `dtype`, and each
+    checkpoint tensor is read alone (a plain read, not a memory map, whose pages would count in
+    the process's resident memory for the whole file) and copied in, cast on the way. So N device
+    processes on one node hold N models in the compute dtype on their devices, never N float32
+    copies in host memory. The result has the bits of loading in float32 and then
+    `.to(device, dtype)` (the same rounding, the RoPE buffers cast alike): a run in bfloat16
+    starts from the float32 checkpoint's weights rounded once. `device="meta"` checks the
+    directory, the config and every tensor's name and shape without reading any weights.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     path = Path(path)
     check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
     if not path.is_dir():
@@ -67,18 +79,136 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn
                          "directory (config.json + *.safetensors) or run `poise sft` to make one")
     if not (path / "config.json").is_file():
         raise PoiseError(f"model directory '{path}' has no config.json; it must be a transformers checkpoint")
-    if not any(path.glob("*.safetensors")):
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
         raise PoiseError(f"model directory '{path}' has no *.safetensors weights; save with safe_serialization")
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError) as e:
         raise PoiseError(f"cannot read '{path / 'config.json'}': {str(e).splitlines()[0]}") from None
     check_model_type(model_type)
+    device = torch.device(device)
     try:
-        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype,
-                                                    attn_implementation="sdpa", use_safetensors=True)
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError) as e:
         raise PoiseError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = _tied_aliases(model)
+    headers = [(file, _safetensors_header(file)) for file in files]
+    stored = {name for _, header in headers for name in header}
+    missing = sorted(set(params) - stored - tied)
+    if missing:
+        raise PoiseError(f"cannot load model from '{path}': its safetensors hold no '{missing[0]}'"
+                         f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; the checkpoint and "
+                         "its config.json disagree")
+    for _, header in headers:
+        for name, (file_dtype, shape, _, _) in header.items():
+            if name not in params:
+                if name.endswith("rotary_emb.inv_freq"):  # old checkpoints saved RoPE's buffer: recomputed
+                    continue
+                raise PoiseError(f"cannot load model from '{path}': tensor '{name}' is not a parameter of this "
+                                 f"{model_type} model; the checkpoint and its config.json disagree")
+            if tuple(shape) != tuple(params[name].shape):
+                raise PoiseError(f"cannot load model from '{path}': tensor '{name}' has shape {tuple(shape)}, "
+                                 f"the config makes {tuple(params[name].shape)}")
+    if device.type == "meta":
+        return model.eval()
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty gives each name its own storage: tied parameters share one again
+    _rebuild_buffers(model, device, dtype)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for file, header in headers:
+            with open(file, "rb", buffering=0) as f:
+                for name, (file_dtype, shape, start, end) in sorted(header.items(), key=lambda kv: kv[1][2]):
+                    if name in params:
+                        _read_into(f, start, end, file_dtype, shape, params[name])
+    return model.eval()
+
+
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """Parameter names that share their tensor with an earlier name (a tied lm_head): a checkpoint
+    may store such a tensor once."""
+    seen: dict[int, str] = {}
+    aliases = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            aliases.add(name)
+        seen.setdefault(id(p), name)
+    return aliases
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _safetensors_header(file: Path) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
+    """name -> (dtype, shape, first byte, end byte) of each tensor of a safetensors file: an
+    8-byte little-endian header length, the JSON header, then the data (offsets count from it)."""
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PoiseError(f"cannot load model from '{file.parent}': its safetensors file '{file.name}' has no "
+                         f"readable header ({first}); save the model again") from None
+    out = {}
+    for name, entry in (header.items() if isinstance(header, dict) else [("", header)]):
+        if name == "__metadata__":
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype")) if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and dtype is None:
+            raise PoiseError(f"cannot load model from '{file.parent}': tensor '{name}' of '{file.name}' has dtype "
+                             f"{entry.get('dtype')!r}; save the model in one of {', '.join(_SAFETENSORS_DTYPES)}")
+        try:
+            start, end = entry["data_offsets"]
+            shape = [int(n) for n in entry["shape"]]
+            if end - start != math.prod(shape) * dtype.itemsize:
+                raise ValueError("size")
+        except (KeyError, TypeError, ValueError):
+            raise PoiseError(f"cannot load model from '{file.parent}': the header of '{file.name}' describes tensor "
+                             f"'{name}' as {entry!r}; save the model again") from None
+        out[name] = (dtype, shape, 8 + size + start, 8 + size + end)
+    return out
+
+
+def _read_into(f, start: int, end: int, dtype: torch.dtype, shape: list[int], param: torch.Tensor) -> None:
+    """Read one tensor's bytes and copy them into `param` (cast to its dtype, moved to its device).
+    A float32 parameter on the CPU from a float32 file is read in place, with no buffer at all."""
+    in_place = param.device.type == "cpu" and param.dtype == dtype and param.is_contiguous()
+    buffer = param.data.view(-1).view(torch.uint8) if in_place else torch.empty(end - start, dtype=torch.uint8)
+    view = memoryview(buffer.numpy()).cast("B")
+    f.seek(start)
+    done = 0
+    while done < len(view):  # one read returns at most ~2 GB on Linux
+        got = f.readinto(view[done:])
+        if not got:
+            raise PoiseError(f"cannot load model: safetensors file '{f.name}' ends inside a tensor (truncated); "
+                             "save the model again")
+        done += got
+    if not in_place:
+        param.copy_(buffer.view(dtype).view(shape))
+
+
+def _rebuild_buffers(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """The non-persistent buffers (RoPE's inverse frequencies: in no checkpoint, and left
+    uninitialised by to_empty) as the module's own constructor computes them, cast to `dtype` as
+    `Module.to(dtype)` casts a float32 model's buffers."""
+    for name, module in model.named_modules():
+        if not module._non_persistent_buffers_set:
+            continue
+        if not hasattr(module, "config"):
+            raise PoiseError(f"cannot rebuild the buffers {sorted(module._non_persistent_buffers_set)} of "
+                             f"{type(module).__name__} '{name}' (it has no config); load this model family in "
+                             "float32 on the CPU")
+        fresh = type(module)(config=module.config)
+        for key in module._non_persistent_buffers_set:
+            value = fresh._buffers[key]
+            module._buffers[key] = value.to(device, dtype if value.is_floating_point() else value.dtype)
 
 
 def save_hf_weights(model: torch.nn.Module, path: str | Path) -> None:

@@ -29,8 +29,16 @@ fast mode's does (the one forward per step with every live row, `StepInputs.row_
 
 Where the matmul has no row quantum (cuBLAS picks kernels by M, so CUDA), batch_invariant falls
 back to fixed-shape tiles: decode runs in tiles of `invariant_tile` consecutive slots, always at
-the full tile and the full context (masked), one forward per tile, prefill one forward per
-request; every matmul and attention then has one fixed shape.
+the full tile, one forward per tile, prefill one forward per request; every matmul has one fixed
+shape, and a row at position p attends over `runner.key_bucket(p)` keys (one attention call per
+bucket the tile's rows fall in, each over the whole tile), so attention reads the positions in
+use, bucketed, not the whole context, and its shapes are a function of the row's position.
+
+Host syncs. A step makes the host wait for the device once: it reads the sampled tokens and
+logprobs, in one [rows, 2] copy, because the scheduler needs them to plan the next step (EOS, stop
+strings, budgets, which slots free up). Every copy to the device in a step (token ids, positions,
+slots, decode groups, output rows, noise rows, sampling keys: a few small copies a forward) goes
+through `rollout/transfer.py`, pinned and non-blocking, so on a GPU it costs a launch, not a wait.
 
 The fast mode (default) packs only live rows, attends each over about its own context (the
 runner's ragged decode groups) and resumes by prefilling prompt + generated tokens; tokens then
@@ -59,6 +67,7 @@ from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
+from poise.rollout.transfer import to_device
 from poise.rollout.sampling import (NoiseTable, SamplingConfig, key_prefix, position_keys, sample_with_keys,
                                     sample_with_noise)
 from poise.types import FinishReason, Request, Sample, SampleId
@@ -259,8 +268,7 @@ class Engine:
             rows, tokens, logprobs = self._step_tiles()
         else:
             rows, logits = self._step_rows() if self.cfg.batch_invariant else self._step_packed()
-            tok_t, lp_t = self._sample(logits, rows)
-            tokens, logprobs = tok_t.tolist(), lp_t.tolist()
+            tokens, logprobs = self._read_samples([self._sample_pairs(logits, rows)])
         self.steps += 1
         finished = self._advance(rows, tokens, logprobs)
         if self.on_sample is not None:
@@ -331,7 +339,7 @@ class Engine:
                     step.decode_tokens.append(seq.tokens[-1])
                     step.decode_positions.append(seq.cached)
             rows.extend(members)
-            logits.append(self._sample_tile(self.runner.forward(step, self.cache), members))
+            logits.append(self._sample_pairs(self.runner.forward(step, self.cache), members))
         for seq in self._admissions():
             # replay what a partial had: prompt-only prefill + decode tiles rebuild its exact cache
             seq.forced, seq.forced_logprobs, seq.tokens, seq.logprobs = seq.tokens, seq.logprobs, [], []
@@ -340,14 +348,22 @@ class Engine:
             padded = torch.zeros((tile, out.shape[1]), dtype=out.dtype, device=out.device)
             padded[0] = out[0]
             rows.append(seq)
-            logits.append(self._sample_tile(padded, [seq] + [None] * (tile - 1))[:1])
-        pairs = torch.cat(logits).tolist()
-        return rows, [int(t) for t, _ in pairs], [float(lp) for _, lp in pairs]
+            logits.append(self._sample_pairs(padded, [seq] + [None] * (tile - 1))[:1])
+        tokens, logprobs = self._read_samples(logits)
+        return rows, tokens, logprobs
 
-    def _sample_tile(self, logits: torch.Tensor, members: list[_Sequence | None]) -> torch.Tensor:
-        """Sample a whole fixed-shape tile of logits; returns [tile, 2] (token, logprob) rows."""
+    def _sample_pairs(self, logits: torch.Tensor, members: list[_Sequence | None]) -> torch.Tensor:
+        """[rows, 2] float64 (token, logprob): both in one tensor, so the host reads them in one
+        copy. Exact: a token id is below 2^53 and a float32 is a float64."""
         tokens, logprobs = self._sample(logits, members)
         return torch.stack([tokens.double(), logprobs.double()], dim=1)
+
+    @staticmethod
+    def _read_samples(pairs: list[torch.Tensor]) -> tuple[list[int], list[float]]:
+        """The step's one device-to-host read (and so its one host sync on a GPU): the tokens
+        decide what the next step runs (EOS, stop strings, budgets), so the host waits for them."""
+        rows = torch.cat(pairs).tolist() if len(pairs) > 1 else pairs[0].tolist()
+        return [int(t) for t, _ in rows], [lp for _, lp in rows]
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send
@@ -357,8 +373,7 @@ class Engine:
                      for seq in members]
             return sample_with_noise(logits, self.noise.rows(picks), self.sampling)
         # one host->device copy: (key prefix of the sample id, position) per row
-        keys = torch.tensor([(seq.key_prefix, len(seq.tokens)) if seq else (0, 0) for seq in members],
-                            dtype=torch.int64, device=logits.device)
+        keys = to_device([(seq.key_prefix, len(seq.tokens)) if seq else (0, 0) for seq in members], logits.device)
         return sample_with_keys(logits, position_keys(keys[:, 0], keys[:, 1]), self.sampling)
 
     def _advance(self, rows: list[_Sequence | None], tokens: list[int], logprobs: list[float]) -> list[Sample]:

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import CacheShape, KVCache
+from poise.rollout.transfer import to_device
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE
@@ -76,11 +77,13 @@ class StepInputs:
     the cache at `decode_positions` and attends to positions [0, position] of its slot.
     prefills: (slot, tokens) pairs; tokens go to positions 0..L-1 of the slot.
 
-    fixed_shape: decode runs over every slot of [attend_lo, attend_hi), all slots within it,
-    each attending over cache positions [0, attend_len) (masked): a slot with no decode row gets
-    a padding row (writes to the scratch row), and the logits keep one row per slot of the range.
-    Batch-invariant tiles rely on this: the shapes depend on the range, never on which slots are
-    live. Otherwise (the fast path) only the decode rows are computed and attention is ragged
+    fixed_shape: decode runs over every slot of [attend_lo, attend_hi), all slots within it: a
+    slot with no decode row gets a padding row (writes to the scratch row), and the logits keep
+    one row per slot of the range. A row at position p attends over the first
+    `key_bucket(p, attend_len)` cache positions (masked beyond p): one attention call per bucket
+    that the tile's rows fall in, each over the whole tile, whose rows of that bucket keep its
+    result. Batch-invariant tiles rely on this: every shape a row meets is a function of the range
+    and of its own position, never of which slots are live or where they are. Otherwise (the fast path) only the decode rows are computed and attention is ragged
     (see the module docstring); attend_* are then ignored.
 
     row_quantum > 0: batch-invariant rows (see `row_quantum`): every row-wise matmul runs over a
@@ -215,6 +218,7 @@ class _DecodeGroup:
     gather: torch.Tensor | None = None
     rel: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    keep: torch.Tensor | None = None  # fixed-shape tile: [tile, 1] bool, the rows that keep this group's result
 
 
 def _rows_invariant(weights: list[torch.Tensor], rows: torch.Tensor, quantum: int) -> bool:
@@ -355,7 +359,7 @@ class DecoderRunner:
         return CacheShape(len(self.layers), slots, self.num_kv_heads, context, self.head_dim)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
+        return to_device(values, self.device)  # no host sync (rollout/transfer.py)
 
     @torch.inference_mode()
     def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
@@ -444,9 +448,8 @@ class DecoderRunner:
         positions: [decode rows] int64 on the device (fixed shape: one row per slot of the range,
         padding rows at 0). context: the cache's positions per slot.
         """
-        if step.fixed_shape:  # one group over the whole tile and context: no shape depends on who is live
-            mask = self._decode_mask(step.attend_len, positions)
-            return [_DecodeGroup(step.attend_len, step.attend_lo, step.attend_hi, mask=mask)]
+        if step.fixed_shape:
+            return self._tile_groups(step, positions)
         slots, pos = step.decode_slots, step.decode_positions
         invariant = step.row_quantum > 0  # always masked: one kernel path whatever the company
         if invariant:
@@ -496,6 +499,23 @@ class DecoderRunner:
                 mask = self._decode_mask(plan.length, group_pos)
             groups.append(_DecodeGroup(plan.length, plan.lo, plan.hi, rows, gather, rel, mask))
         return groups
+
+    def _tile_groups(self, step: StepInputs, positions: torch.Tensor) -> list[_DecodeGroup]:
+        """A fixed-shape tile's decode attention: one group per key bucket of its live rows,
+        longest first, each over the whole tile at the bucket's length, so attention reads the
+        positions in use (bucketed) instead of the whole context, and no shape depends on which
+        slots are live. The first group's result stands for every row, and each later group's
+        replaces it on its own rows (`keep`); padding rows, in no bucket, keep what they get."""
+        row_buckets = [key_bucket(p, step.attend_len) for p in step.decode_positions]
+        lengths = sorted(set(row_buckets), reverse=True)
+        keep = None
+        if len(lengths) > 1:  # each row's bucket, by tile row (padding rows: 0, in no bucket)
+            by_row = [0] * (step.attend_hi - step.attend_lo)
+            for slot, length in zip(step.decode_slots, row_buckets):
+                by_row[slot - step.attend_lo] = length
+            keep = self._ids(by_row)[:, None]
+        return [_DecodeGroup(length, step.attend_lo, step.attend_hi, mask=self._decode_mask(length, positions),
+                             keep=None if i == 0 else keep == length) for i, length in enumerate(lengths)]
 
     def _windowed(self, keys: int) -> bool:
         """Whether the sliding window hides some of `keys` consecutive keys from a query."""
@@ -547,23 +567,30 @@ class DecoderRunner:
         """
         outs = []
         for g in groups:
-            qg = q if g.rows is None else q.index_select(0, g.rows)
-            if g.gather is not None:  # scattered slots: copy just their cache rows
-                keys = cache.keys[layer][:, :, :g.length].index_select(0, g.gather)
-                values = cache.values[layer][:, :, :g.length].index_select(0, g.gather)
+            if g.keep is not None:  # a fixed-shape tile's shorter bucket: its rows take its result
+                outs[0] = torch.where(g.keep, self._attend_group(q, cache, layer, g), outs[0])
             else:
-                keys = cache.keys[layer][g.lo:g.hi, :, :g.length]
-                values = cache.values[layer][g.lo:g.hi, :, :g.length]
-                if g.rel is not None:  # idle slots inside the range get zero queries
-                    qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
-            n = qg.shape[0]
-            out = self._attend(qg.view(n, self.num_kv_heads, self.group, self.head_dim), keys, values, g.mask)
-            out = out.reshape(n, self.num_heads * self.head_dim)
-            outs.append(out if g.rel is None else out.index_select(0, g.rel))
-        if len(groups) == 1:
+                outs.append(self._attend_group(q, cache, layer, g))
+        if len(outs) == 1:
             return outs[0]
         out = torch.cat(outs)  # groups in length order -> rows in slot order
         return torch.empty_like(out).index_copy_(0, torch.cat([g.rows for g in groups]), out)
+
+    def _attend_group(self, q: torch.Tensor, cache: KVCache, layer: int, g: _DecodeGroup) -> torch.Tensor:
+        """One decode group's attention: [its rows, heads * head_dim]."""
+        qg = q if g.rows is None else q.index_select(0, g.rows)
+        if g.gather is not None:  # scattered slots: copy just their cache rows
+            keys = cache.keys[layer][:, :, :g.length].index_select(0, g.gather)
+            values = cache.values[layer][:, :, :g.length].index_select(0, g.gather)
+        else:
+            keys = cache.keys[layer][g.lo:g.hi, :, :g.length]
+            values = cache.values[layer][g.lo:g.hi, :, :g.length]
+            if g.rel is not None:  # idle slots inside the range get zero queries
+                qg = qg.new_zeros((g.hi - g.lo, *qg.shape[1:])).index_copy_(0, g.rel, qg)
+        n = qg.shape[0]
+        out = self._attend(qg.view(n, self.num_kv_heads, self.group, self.head_dim), keys, values, g.mask)
+        out = out.reshape(n, self.num_heads * self.head_dim)
+        return out if g.rel is None else out.index_select(0, g.rel)
 
     def _prefill_plan(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Padding several prompts to one [segments, L_max] batch: (gather, scatter-back, mask)."""
@@ -576,7 +603,7 @@ class DecoderRunner:
             offset += length
         index = self._ids(gather + back)
         pos = torch.arange(width, device=self.device)
-        valid = pos[None, :] < torch.tensor(lengths, device=self.device)[:, None]  # [segments, keys]
+        valid = pos[None, :] < to_device(lengths, self.device)[:, None]  # [segments, keys]
         mask = (pos[None, :, None] >= pos[None, None, :]) & valid[:, None, :]  # causal & real keys
         if self._windowed(width):
             mask &= self._causal_window_mask(width)[None]

@@ -9,6 +9,12 @@ Gumbel-max rule over the tempered, top-k/top-p-filtered log-probabilities:
 which samples exactly from p (Gumbel 1954). No generator state exists, so a sample's tokens do
 not depend on the engine, its slot, its batch, or where it was aborted and resumed — only on
 its logits, which batch-invariant decoding makes independent of the batch too.
+
+The noise is float64 and stays so: the argmax runs over float64 log-probabilities less float64
+noise made from 53 random bits a uniform, and float32 noise would round both otherwise and so change
+the tokens that every seed samples. Nor would it save much: at a vocabulary of 151,936 and 32 rows
+(one CPU thread) a step's noise costs 185 ms, of which the int64 hash is 157 ms and the two float64
+logs 28 ms (float32 logs: 11 ms).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from poise.config import SamplingConfig  # torch-free; stays importable from here
+from poise.rollout.transfer import to_device
 
 _MASK64 = (1 << 64) - 1
 
@@ -219,18 +226,18 @@ class NoiseTable:
         if stale:
             self._refill(list(stale.values()))
         span, first = self.span, self.first
-        index = torch.tensor([r * span + at - first[r] for r, _, at in picks], dtype=torch.int64, device=self.device)
+        index = to_device([r * span + at - first[r] for r, _, at in picks], self.device)
         return self.table.view(-1, self.vocab_size).index_select(0, index)
 
     def _refill(self, stale: list[tuple[int, int, int]]) -> None:
         """Make the `span` positions from `at` of each (row, prefix, at), all in one batch."""
-        spec = torch.tensor([(prefix, at) for _, prefix, at in stale], dtype=torch.int64, device=self.device)
+        spec = to_device([(prefix, at) for _, prefix, at in stale], self.device)
         offsets = torch.arange(self.span, dtype=torch.int64, device=self.device)
         positions = (spec[:, 1:] + offsets).reshape(-1)
         keys = position_keys(spec[:, 0].repeat_interleave(self.span), positions)
         noise = gumbel_offsets(keys, self.vocab_size).view(len(stale), self.span, self.vocab_size)
         table_rows = [r for r, _, _ in stale]
-        self.table[torch.tensor(table_rows, dtype=torch.int64, device=self.device)] = noise
+        self.table[to_device(table_rows, self.device)] = noise
         for r, prefix, at in stale:
             self.owner[r], self.first[r] = prefix, at
         self.refilled += len(stale)

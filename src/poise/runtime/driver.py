@@ -669,4 +669,4 @@ def _prepare_model(cfg: TrainConfig) -> None:
         from poise.train.sft import run_sft
 
         run_sft(m, cfg.data, Path(m.path), progress=cfg.run.progress)
-    load_model(m.path)  # a missing or broken checkpoint fails here with one line
+    load_model(m.path, device="meta")  # a missing or broken checkpoint fails here with one line, reading no weights

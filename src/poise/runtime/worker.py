@@ -358,13 +358,13 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
-    model = _initial_policy(spec, tokenizer).to(device, dtype)
+    model = _initial_policy(spec, tokenizer, device, dtype)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
         bitwise_cuda(device, model.config.model_type)
     ref = None
     if spec.algorithm.kl_coef > 0:  # built at this device's first micro-batch: a rollout device holds none
         def ref():
-            return _initial_policy(spec, tokenizer).to(device, dtype).requires_grad_(False).eval()
+            return _initial_policy(spec, tokenizer, device, dtype).requires_grad_(False).eval()
     trainer = PolicyTrainer(model, spec.algorithm, tokenizer.pad_id, ref)
     engine = Engine(model, spec.rollout, spec.algorithm.sampling, spec.seed, tokenizer.eos_id, clock=time.time)
 
@@ -426,11 +426,13 @@ def join_rendezvous(rank: int, world_size: int, key: str, timeout):
     return dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
 
 
-def _initial_policy(spec: WorkerSpec, tokenizer):
-    """Every device builds the same initial weights: a local checkpoint or the seeded tiny model."""
+def _initial_policy(spec: WorkerSpec, tokenizer, device, dtype):
+    """Every device builds the same initial weights: a local checkpoint, loaded straight onto the
+    device in the compute dtype, or the seeded tiny model (made in float32 on the CPU: its weights
+    are a function of the seed there, then cast)."""
     from poise.model.loading import build_tiny, load_model
 
     if spec.model.path is not None:
-        return load_model(spec.model.path)
+        return load_model(spec.model.path, dtype, device)
     return build_tiny(spec.model.tiny, tokenizer.vocab_size, spec.seed, tokenizer.eos_id, tokenizer.pad_id,
-                      tokenizer.bos_id)
+                      tokenizer.bos_id).to(device, dtype)

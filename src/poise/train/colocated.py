@@ -45,12 +45,12 @@ class ColocatedLoop:
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
         self.tokenizer = self.steps.tokenizer
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
-        self.model = make_model(cfg, self.tokenizer, progress=cfg.run.progress).to(self.device, dtype)
+        self.model = make_model(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
         if algo.kl_coef > 0:
-            ref = make_model(cfg, self.tokenizer, progress=False).to(self.device, dtype).requires_grad_(False).eval()
+            ref = make_model(cfg, self.tokenizer, self.device, dtype, progress=False).requires_grad_(False).eval()
         self.trainer = PolicyTrainer(self.model, algo, self.tokenizer.pad_id, ref)
         # The engine runs the trainer's own modules: colocated weights need no sync.
         context = fitted_context(cfg.model, cfg.rollout.max_context, self.steps.longest_prompt(),

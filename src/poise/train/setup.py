@@ -93,12 +93,15 @@ def _native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags or "flags" not in flags
 
 
-def make_model(cfg: TrainConfig, tokenizer: Tokenizer, progress: bool = True) -> torch.nn.Module:
-    """The initial policy: a local checkpoint, made first by SFT if asked, or the tiny model."""
+def make_model(cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32, progress: bool = True) -> torch.nn.Module:
+    """The initial policy on `device` in `dtype`: a local checkpoint (made first by SFT if asked),
+    loaded straight there with no float32 host copy, or the tiny model (made in float32 on the
+    CPU, where the seed defines its weights, then cast)."""
     m = cfg.model
     if m.path is None:
         return build_tiny(m.tiny, tokenizer.vocab_size, cfg.run.seed, tokenizer.eos_id, tokenizer.pad_id,
-                          tokenizer.bos_id)
+                          tokenizer.bos_id).to(device, dtype)
     if m.sft_if_missing and not Path(m.path, "config.json").is_file():
         run_sft(m, cfg.data, Path(m.path), progress=progress)
-    return load_model(m.path)
+    return load_model(m.path, dtype, device)
