@@ -1,7 +1,7 @@
 """Input that only the model, the tokenizer or the machine can reveal is refused before Ray starts:
-one line, exit 2, within seconds, and no run directory."""
-
-import time
+one line, exit 2, and no run directory (it is made before Ray starts, so its absence proves the
+check came first; no wall-clock bound, which a loaded machine would break: the late failures these
+replace took 26-150 s)."""
 
 import pytest
 import torch
@@ -9,8 +9,6 @@ import torch
 from cli_checks import assert_one_line_error, poise  # tests/cli_checks.py
 from poise.config import ClusterConfig
 from poise.errors import PoiseError
-
-FAST_S = 10.0  # the acceptance bound: what the late failures took 26-150 s to say
 
 
 def _word_tokenizer(directory, words: int) -> None:
@@ -38,10 +36,8 @@ def _char_model(directory) -> None:
 def test_tokenizer_larger_than_the_model_fails_up_front(tmp_path, mode):
     _word_tokenizer(tmp_path / "tok", 200)
     _char_model(tmp_path / "model")
-    start = time.monotonic()
     result = poise("train", f"model.path={tmp_path / 'model'}", f"data.tokenizer={tmp_path / 'tok'}",
                    f"pipeline.mode={mode}", f"run.dir={tmp_path / 'run'}", "run.progress=false")
-    assert time.monotonic() - start < FAST_S
     assert_one_line_error(result, "data.tokenizer", "model.path", "202 tokens", "embeds 58")
     assert not (tmp_path / "run").exists()  # before the run directory, so before Ray
 
@@ -61,10 +57,8 @@ def test_tokenizer_that_fits_the_model_passes(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable GPU")
 @pytest.mark.parametrize("mode", ["sync", "colocated"])
 def test_cuda_device_without_a_gpu_fails_up_front(tmp_path, mode):
-    start = time.monotonic()
     result = poise("train", "cluster.device=cuda", f"pipeline.mode={mode}", f"run.dir={tmp_path / 'run'}",
                    "run.progress=false")
-    assert time.monotonic() - start < FAST_S
     assert_one_line_error(result, "cluster.device=cuda", "cluster.device=cpu")
     assert not (tmp_path / "run").exists()
 
