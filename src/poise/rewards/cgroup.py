@@ -209,12 +209,12 @@ def memory_limit_mb(memory_mb: int) -> int:
     return 2 * memory_mb + WORKER_BASE_MB
 
 
-def remove_dir(path: str) -> bool:
+def remove_dir(path: str, kill: bool = True) -> bool:
     """rmdir one cgroup directory (best effort; True once it is gone). A killed worker's tasks take
-    a moment to leave it; any still inside after a moment are killed: only a worker of ours (or of a
-    dead driver of ours) runs there."""
+    a moment to leave it; with `kill`, any still inside after a moment are killed (only a worker of
+    ours runs there)."""
     start = time.monotonic()
-    killed = False
+    killed = not kill
     while True:
         try:
             os.rmdir(path)
@@ -227,7 +227,7 @@ def remove_dir(path: str) -> bool:
         waited = time.monotonic() - start
         if waited > REMOVE_WAIT_S:
             return False
-        if not killed and waited > REMOVE_WAIT_S / 2:  # still inside: nothing of ours may outlive the worker
+        if not killed and waited > REMOVE_WAIT_S / 2:  # still inside: nothing of the worker's may outlive it
             killed = True
             for pid in (_read(os.path.join(path, "cgroup.procs")) or "").split():
                 try:
@@ -247,7 +247,8 @@ def remove_dir(path: str) -> bool:
 def remove_stale(layer: Layer) -> list[str]:
     """Remove the workers' cgroups of drivers that died without closing their pool (SIGKILLed:
     their workers kill themselves, but the cgroups stay); returns those removed. One whose
-    driver's pid is alive (or taken again) is left alone."""
+    driver's pid is alive (or taken again) is left alone, and so is one that still holds a process
+    after a moment (nothing is killed here: a driver in another PID namespace looks dead from ours)."""
     removed = []
     for parent in layer.parents:
         try:
@@ -265,7 +266,7 @@ def remove_stale(layer: Layer) -> list[str]:
                 pass
             except OSError:
                 continue
-            if remove_dir(entry.path):
+            if remove_dir(entry.path, kill=False):
                 removed.append(entry.path)
     return removed
 
