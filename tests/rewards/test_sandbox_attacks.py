@@ -22,6 +22,9 @@ import time
 import pytest
 
 from poise.rewards.builtin import run_tests, score_marks
+from poise.rewards.cgroup import locate as locate_cgroup
+from poise.rewards.cgroup import remove_dir as remove_cgroup
+from poise.rewards.cgroup import remove_stale as remove_stale_cgroups
 from poise.rewards.sandbox import remove_stale_scratch
 from poise.rewards.scorer import reward_metrics
 
@@ -294,8 +297,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_sigkilled_driver_leaves_no_worker_and_no_scratch(reward_file, tmp_path):
+def test_a_sigkilled_driver_leaves_no_worker_and_no_scratch_and_its_cgroups_go_at_the_next_start(reward_file,
+                                                                                                  tmp_path):
     path = reward_file("import time\ndef hang(prompts, completions, **kwargs):\n    time.sleep(10 ** 6)\n")
+    layer, _ = locate_cgroup()
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, f"{path}:hang"], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     try:
@@ -314,10 +319,20 @@ def test_a_sigkilled_driver_leaves_no_worker_and_no_scratch(reward_file, tmp_pat
             time.sleep(0.1)
         assert [p for p in members if _alive(p)] == []
         assert [s for s in scratch if os.path.exists(s)] == []
+        if layer is not None:  # its workers' cgroups stay (a cgroup cannot remove itself): the next pool's start
+            left = [os.path.join(parent, f"poise-reward-{driver.pid}-{pid}") for parent in layer.parents
+                    for pid in sessions]
+            assert all(os.path.isdir(p) for p in left), left
+            assert set(left) <= set(remove_stale_cgroups(layer))
+            assert not any(os.path.exists(p) for p in left)
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+        for parent in layer.parents if layer is not None else ():
+            for name in os.listdir(parent):
+                if name.startswith(f"poise-reward-{driver.pid}-"):
+                    remove_cgroup(os.path.join(parent, name))
 
 
 def _session_of(pid: int) -> int | None:

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple, Sequence
 
 import poise
 from poise.errors import ConfigError, PoiseError
-from poise.rewards.cgroup import WorkerCgroup, per_process_line
+from poise.rewards.cgroup import WorkerCgroup, layer_line, remove_stale
 from poise.rewards.cgroup import locate as locate_cgroup
 from poise.rewards.functions import FunctionSpec
 from poise.rewards.worker import _HEADER
@@ -137,7 +137,7 @@ class _Worker:
         self.lines: list[bytes] = []
         self.confinement: dict | None = None
         self.scratch_tmpfs = False
-        self.cgroup: WorkerCgroup | None = None  # memory.max and pids.max for the worker and its children
+        self.cgroup: WorkerCgroup | None = None  # a memory and a task limit for the worker and its children
 
     def start(self) -> None:
         """Start the process and send its set-up; `wait_ready` reads the answer."""
@@ -153,15 +153,17 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=self.scratch, env=_env(self.scratch),
                                      start_new_session=True)
-        if self.pool.cgroup_parent is not None:  # before the worker reads its set-up: it forks nothing yet
+        layer = self.pool.cgroup_layer
+        if layer is not None:  # before the worker reads its set-up: it forks nothing yet
             try:
-                self.cgroup = WorkerCgroup.make(self.pool.cgroup_parent, f"poise-reward-{os.getpid()}-{self.proc.pid}",
+                self.cgroup = WorkerCgroup.make(layer, f"poise-reward-{os.getpid()}-{self.proc.pid}",
                                                 self.pool.limits.memory_mb)
                 self.cgroup.add(self.proc.pid)
             except OSError as e:  # refused: the rlimits alone hold, per process (the start-up line says so)
                 if self.cgroup is not None:
                     self.cgroup.remove()
-                self.cgroup, self.pool.cgroup_why = None, f"{self.pool.cgroup_parent}: {e.strerror or e}"
+                self.cgroup = None
+                self.pool.cgroup_why = f"cgroup v{layer.version} {e.filename or layer.parents[0]}: {e.strerror or e}"
         self.buf, self.lines = b"", []
         self.send({"functions": [asdict(s) for s in self.pool.specs], "reads": self.pool.reads, "uid": uid,
                    "memory_mb": self.pool.limits.memory_mb, "cpu_s": self.pool.limits.cpu_s,
@@ -175,7 +177,7 @@ class _Worker:
             message = None
         if isinstance(message, list) and message and message[0] == "ready" and isinstance(message[1], dict):
             self.confinement = {**message[1], "scratch": "tmpfs" if self.scratch_tmpfs else "disk",
-                                "cgroup": self.cgroup.path if self.cgroup is not None else None}
+                                "cgroup": list(self.cgroup.paths) if self.cgroup is not None else None}
             return
         self.kill()
         if isinstance(message, list) and len(message) == 3 and message[0] == "error" and \
@@ -270,7 +272,10 @@ class SandboxPool:
         poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
         self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
         remove_stale_scratch()
-        self.cgroup_parent, self.cgroup_why = locate_cgroup()  # per-worker limits where cgroup v2 allows
+        # per-worker limits where a cgroup allows (v2, else v1); cgroup_why: why v2 (or any) is not used
+        self.cgroup_layer, self.cgroup_why = locate_cgroup()
+        if self.cgroup_layer is not None:
+            remove_stale(self.cgroup_layer)
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         # every call's own id, drawn at random so a reward cannot guess another call's (it can
         # still read the ids of its own call process's calls from memory: reward.isolation)
@@ -286,10 +291,12 @@ class SandboxPool:
             _kill_all(self._workers)
             raise
         self.confinement = self._workers[0].confinement or {}
-        # which limits hold per process only: one line, with the first batch (the run has started:
-        # an up-front error that follows the pool's start stays the only line)
-        self.notice = per_process_line(self.cgroup_why, self.confinement) if self.confinement.get("cgroup") is None \
-            else None
+        # which layer holds each worker's limits (cgroup v2, v1, or per process only): one line, with
+        # the first batch (the run has started: an up-front error that follows the pool's start stays
+        # the only line)
+        first = self._workers[0].cgroup
+        self.notice: str | None = layer_line(self.cgroup_layer, self.cgroup_why, first, limits.memory_mb,
+                                             self.confinement)
         self._threads = [threading.Thread(target=self._serve, args=(w,), name=f"reward-sandbox-{w.slot}", daemon=True)
                          for w in self._workers]
         for t in self._threads:
