@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -29,11 +28,9 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from poise.config import load_train_config
 
-    overrides = list(args.overrides)
-    config_path = args.config
-    if config_path is not None and "=" in config_path and not Path(config_path).exists():
-        overrides.insert(0, config_path)  # `poise config key=value` without a file
-        config_path = None
+    from poise.cli.train import config_and_overrides
+
+    config_path, overrides = config_and_overrides(args.config, args.overrides)
     cfg = load_train_config(config_path, overrides)
     print(render(cfg, args.section), end="")
     return 0

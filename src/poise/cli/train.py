@@ -20,15 +20,20 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
 
 
+def config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """The config file and the overrides of `poise train|config [CONFIG] [key=value ...]`: a first
+    argument that holds `=` and names no file is an override (`poise train key=value`)."""
+    overrides = list(overrides)
+    if config is not None and "=" in config and not Path(config).exists():
+        return None, [config, *overrides]
+    return config, overrides
+
+
 def run(args: argparse.Namespace) -> int:
     from poise.api import check_before_work, run_training
     from poise.config import load_train_config
 
-    overrides = list(args.overrides)
-    config_path = args.config
-    if config_path is not None and "=" in config_path and not Path(config_path).exists():
-        overrides.insert(0, config_path)  # `poise train key=value` without a file
-        config_path = None
+    config_path, overrides = config_and_overrides(args.config, args.overrides)
     if args.resume:
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
