@@ -224,6 +224,20 @@ class AlgorithmConfig:
               "reward of the step); null = the preset's, or dr_grpo where scale_rewards is false")
     scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = "
                                            "advantage dr_grpo (the older spelling of algorithm.advantage)")
+    dynamic_sampling: bool = help_field(False, "DAPO's dynamic sampling: a prompt group whose rewards are all equal "
+                                               "(no advantage) is dropped as soon as it is scored and another prompt "
+                                               "is drawn in its place, until the step has prompts_per_step groups "
+                                               "that teach something (extra prompts: a function of seed, step and "
+                                               "draw index, so every split trains on the same ones)")
+    max_prompt_draws: int = help_field(0, "with dynamic_sampling, prompt groups a step may generate at most, kept "
+                                          "and dropped (verl's max_num_gen_batches x batch); once spent, the "
+                                          "earliest dropped groups fill the step; 0 = 4 x prompts_per_step")
+    overlong_buffer: int = help_field(0, "DAPO's overlong reward shaping: a response longer than "
+                                         "sampling.max_new_tokens - overlong_buffer tokens loses up to "
+                                         "overlong_penalty of reward, linearly in the tokens past that mark; "
+                                         "0 disables")
+    overlong_penalty: float = help_field(1.0, "the reward a response of max_new_tokens tokens loses with "
+                                              "overlong_buffer > 0")
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
@@ -246,6 +260,12 @@ class AlgorithmConfig:
               f"must be >= clip_eps_low ({self.clip_eps_low}): clip-higher widens the upper side, e.g. 0.28")
         check(self.entropy_coef >= 0, "entropy_coef", self.entropy_coef, "must be >= 0 (0 disables)")
         check(self.kl_coef >= 0, "kl_coef", self.kl_coef, "must be >= 0")
+        check(self.max_prompt_draws == 0 or self.max_prompt_draws >= self.prompts_per_step, "max_prompt_draws",
+              self.max_prompt_draws, f"must be 0 (= 4 x prompts_per_step) or >= prompts_per_step "
+                                     f"({self.prompts_per_step})")
+        check(0 <= self.overlong_buffer < self.sampling.max_new_tokens, "overlong_buffer", self.overlong_buffer,
+              f"must be in [0, sampling.max_new_tokens) = [0, {self.sampling.max_new_tokens}); 0 disables")
+        check(self.overlong_penalty >= 0, "overlong_penalty", self.overlong_penalty, "must be >= 0")
         check(self.micro_batch_size >= 1, "micro_batch_size", self.micro_batch_size, "must be >= 1")
         check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
         check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
@@ -496,6 +516,8 @@ class TrainConfig:
         check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
               f"needs pipeline.mode=sync (with {self.pipeline.mode}, no rollout device is idle while the trainer "
               "works); set it false")
+        check(not self.algorithm.dynamic_sampling or self.cluster.compute == "real", "algorithm.dynamic_sampling",
+              True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions

@@ -62,6 +62,10 @@ def test_a_resolved_config_loads_back_the_same(tmp_path):
     (["algorithm.loss_agg=mean"], "loss_agg"),
     (["algorithm.entropy_coef=-0.1"], "entropy_coef.*>= 0"),
     (["algorithm.advantage=ppo"], "algorithm.advantage"),
+    (["algorithm.max_prompt_draws=8"], "max_prompt_draws.*>= prompts_per_step \\(16\\)"),
+    (["algorithm.overlong_buffer=80"], "overlong_buffer.*\\[0, 80\\)"),
+    (["algorithm.overlong_penalty=-1"], "overlong_penalty.*>= 0"),
+    (["algorithm.dynamic_sampling=true", "cluster.compute=emulated"], "dynamic_sampling.*emulated"),
 ])
 def test_bad_loss_settings_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -5,7 +5,8 @@ test_runtime.py).
 Each variant sets knobs off their defaults on every path that could diverge across splits: the
 trainer group's advantages (reinforce_pp waits for the whole step; rloo per group), its loss
 normaliser (constant, sequence), the loss on each train device (clip-higher, sequence ratio, a
-KL estimator other than k3 with its reference model, the entropy bonus). Runs start from the
+KL estimator other than k3 with its reference model, the entropy bonus) and the rewards (overlong
+shaping). Runs start from the
 session's SFT warm start, so weights move every step (asserted), and are compared by every
 sample's tokens and logprobs and the bytes of model and optimizer after every step.
 """
@@ -25,7 +26,7 @@ VARIANTS = {
     "dapo-k2-entropy-reinforce_pp-constant": ["algorithm.loss=dapo", "algorithm.kl_coef=0.05",
                                               "algorithm.kl_estimator=k2", "algorithm.entropy_coef=0.01",
                                               "algorithm.advantage=reinforce_pp", "algorithm.loss_agg=constant"],
-    "gspo-rloo": ["algorithm.loss=gspo", "algorithm.advantage=rloo"],
+    "gspo-rloo-overlong": ["algorithm.loss=gspo", "algorithm.advantage=rloo", "algorithm.overlong_buffer=4"],
 }
 
 
@@ -45,6 +46,8 @@ def test_loss_variant_bitwise_equal_across_splits(ray_session, tmp_path, warm_st
     knobs = VARIANTS[variant]
     ref = _run(train_colocated, tmp_path / "colocated", warm_start, read_run, "pipeline.mode=colocated", *knobs)
     ref.assert_learned(warm_start)
+    if "algorithm.overlong_buffer=4" in knobs:  # responses past 12 - 4 tokens lost reward
+        assert any(r["reward/overlong"] < 0 for r in ref.rows), [r["reward/overlong"] for r in ref.rows]
     # the knobs change the training: the first update differs from default GRPO's
     first = ref.checkpoint_steps()[0]
     assert ref.digest(first, "model.safetensors") != default.digest(first, "model.safetensors"), variant

@@ -149,3 +149,17 @@ def test_abort_resumes_partial_samples_on_the_new_split(tmp_path):
     drain = simulate(load_scenario("dynaresize-8xh20-swing", ["steps=205", "log.samples=false",
                                                              "log.intervals=none"]))
     assert drain.resizes[1]["at_s"] > second["at_s"]  # drain waits for the generation to finish
+
+
+def test_dynamic_sampling_prices_the_extra_generation_and_trains_one_batch():
+    base = ["steps=4", "workload.prompts_per_step=32", "log.samples=false"]
+    plain = simulate(load_scenario("streamrl-skew", base))
+    dyn = Simulation(load_scenario("streamrl-skew", [*base, "workload.drop_rate=0.3"]))
+    generated = sum(len(dyn.workload.step(k)) for k in range(4))
+    summary = dyn.run()
+    assert generated > 4 * 32 * dyn.sc.workload.samples_per_prompt  # groups were dropped and redrawn
+    assert summary.output_tokens > plain.output_tokens  # and generated, at a price
+    assert summary.total_s > plain.total_s
+    trained, finish = dyn.trained(dyn.workload.step(0), [0.0] * len(dyn.workload.step(0)))
+    assert len(trained) == 32 * dyn.sc.workload.samples_per_prompt
+    assert sorted({s.sample_id[1] for s in trained}) == list(range(32)) and not any(s.dropped for s in trained)

@@ -63,3 +63,22 @@ def test_bad_workload_values():
     with pytest.raises(ConfigError, match="median"):
         build(WorkloadConfig, {"phases": [{"mix": [{"median": 0}]}]})
     assert math.isfinite(workload().step(0)[0].output_length)
+
+
+def test_dynamic_sampling_draws_one_more_group_per_dropped_one():
+    plain = workload(prompts_per_step=16)
+    dyn = workload(prompts_per_step=16, drop_rate=0.4)
+    for k in range(3):
+        samples = dyn.step(k)
+        groups = {s.sample_id[1]: s.dropped for s in samples}
+        assert sorted(groups) == list(range(len(groups)))  # draws 0 .. L-1
+        kept = [d for d, dropped in groups.items() if not dropped]
+        assert len(kept) == 16 and not groups[len(groups) - 1]  # ends at the 16th kept draw
+        assert 16 < len(groups) <= 64 and all(len([s for s in samples if s.sample_id[1] == d]) == 4 for d in groups)
+        # the step's own prompts are those without dynamic sampling; only extra draws are added
+        assert [s.prompt for s in samples[:64]] == [s.prompt for s in plain.step(k)]
+    assert dyn.step(1) == workload(prompts_per_step=16, drop_rate=0.4).step(1)  # a function of seed and step
+    capped = workload(prompts_per_step=4, drop_rate=0.95)
+    assert max(s.sample_id[1] for s in capped.step(0)) == 15  # 4 x prompts_per_step at most
+    with pytest.raises(ConfigError, match="drop_rate"):
+        workload(drop_rate=1.0)

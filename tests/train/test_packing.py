@@ -84,6 +84,15 @@ def test_micro_batch_gradient_equals_the_unpacked_loss_gradient():
         total = total - torch.minimum(ratio * a, ratio.clamp(0.8, 1.2) * a).sum()
     want = torch.autograd.grad(total, trainer.params)
     assert abs(got.loss_sum - float(total.detach())) < 1e-4 and got.tokens == got.normaliser == sum(RESPONSE_LENGTHS)
+    # the entropy metric: -sum p log p of each response token's distribution, summed
+    entropy = 0.0
+    for s in samples:
+        ids = torch.tensor([list(s.prompt_ids) + list(s.token_ids)])
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[0].float() / cfg.sampling.temperature
+        logp = torch.log_softmax(logits[len(s.prompt_ids) - 1:len(s.prompt_ids) - 1 + len(s.token_ids)], -1)
+        entropy += float(-(logp.exp() * logp).sum())
+    assert entropy > 1.0 and abs(got.entropy_sum - entropy) < 1e-3 * entropy, (got.entropy_sum, entropy)
     assert max(float(g.abs().max()) for g in got.grads) > 1e-3  # a gradient that could differ
     for g, w in zip(got.grads, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)

@@ -64,6 +64,12 @@ class TaskSteps:
     def problems(self, step: int) -> list[Problem]:
         return self.source.prompts_for_step(step, self.prompts_per_step)
 
+    def draws(self, step: int, draws: list[int]) -> list[Problem]:
+        """Dynamic sampling: the problems of draws `draws` of step `step`; draw d < prompts_per_step
+        is the step's own prompt d, a later one a function of (seed, step, d)."""
+        own = self.problems(step) if any(d < self.prompts_per_step for d in draws) else []
+        return [own[d] if d < self.prompts_per_step else self.source.prompt_for_draw(step, d) for d in draws]
+
     def prompt_ids(self, problem: Problem) -> list[int]:
         return encode_prompt(self.tokenizer, problem, self.data.chat_template, self.data.system_prompt)
 

@@ -175,6 +175,12 @@ class TaskSource:
             out.append(pool[self._order(phase_index, epoch)[offset]])
         return out
 
+    def prompt_for_draw(self, step: int, draw: int) -> Problem:
+        """Dynamic sampling's extra draw `draw` (>= prompts_per_step) of step `step`: a problem of the
+        step's phase pool chosen by (seed, step, draw) alone."""
+        pool = self.pool(self.phase_of(step)[0])
+        return pool[random.Random(derive_seed("draw", self.seed, step, draw)).randrange(len(pool))]
+
 
 class DatasetSource:
     """Prompts from a user dataset (rows of `poise.data.dataset`), in seeded epochs like TaskSource."""
@@ -199,6 +205,10 @@ class DatasetSource:
             epoch, offset = divmod(pos, len(self.problems))
             out.append(self.problems[self._order(epoch)[offset]])
         return out
+
+    def prompt_for_draw(self, step: int, draw: int) -> Problem:
+        """Dynamic sampling's extra draw `draw` of step `step`: a row chosen by (seed, step, draw) alone."""
+        return self.problems[random.Random(derive_seed("draw", self.seed, step, draw)).randrange(len(self.problems))]
 
 
 __all__ = [

@@ -184,11 +184,13 @@ class MicroStats:
     clipped_tokens: int  # response tokens whose ratio the PPO clip cut
     kl_sum: float  # summed k3 KL to the reference over its response tokens
     tokens: int  # its response tokens
+    entropy_sum: float = 0.0  # summed policy entropy over its response tokens (a metric; no gradient)
 
 
 def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict[str, float]:
     """A step's training statistics: the loss over the step's normaliser, the mean gradient norm of
-    its updates (before clipping), the clipped share of response tokens and the mean KL per token.
+    its updates (before clipping), the clipped share of response tokens, and the mean KL and policy
+    entropy per response token.
     `micro` in micro-batch index order (mini-batch by mini-batch), so the sums are the same
     whoever computes them."""
     tokens = max(1, sum(m.tokens for m in micro))
@@ -197,6 +199,7 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "clip_frac": sum(m.clipped_tokens for m in micro) / tokens,
         "kl": sum(m.kl_sum for m in micro) / tokens,
+        "entropy": sum(m.entropy_sum for m in micro) / tokens,
     }
 
 

@@ -14,6 +14,7 @@ scenario (emulated compute); the driver does not know which.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,10 +27,12 @@ from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, ma
 from poise.data.tasks import Problem
 from poise import interrupt
 from poise.errors import PoiseError
+from poise.algo.shaping import overlong_penalty
 from poise.metrics import step_metrics
 from poise.policy.controller import ResizeController, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel
 from poise.policy.dispatch import build_dispatch
+from poise.policy.dynamic import DrawResolver, default_max_draws
 from poise.policy.plan import StepPlan, plan_step
 from poise.policy.split import Split
 from poise.rewards.functions import resolve_functions
@@ -51,6 +54,17 @@ from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
 SCORE_WAIT_S = 0.02  # how long the driver waits for a just-arrived batch's rewards before taking the next batch
+DYNAMIC_DRAWS = "dynamic_draws.json"  # an async checkpoint's next step: which draw each slot holds
+
+
+@dataclasses.dataclass
+class DynamicStep:
+    """Dynamic sampling's outcome for one step: slot i holds draw `slots[i]` (policy/dynamic.py),
+    whose problem is `problems[i]`; `metrics` go into the step's row."""
+
+    slots: list[int]
+    problems: list[Problem]
+    metrics: dict[str, float]
 
 
 class StepSource(Protocol):
@@ -60,6 +74,8 @@ class StepSource(Protocol):
     def problems(self, step: int) -> list[Problem]: ...
 
     def prompt_ids(self, problem: Problem) -> Sequence[int]: ...
+
+    def draws(self, step: int, draws: list[int]) -> list[Problem]: ...
 
     def submit_scores(self, problems: list[Problem], samples: list[Sample]) -> PendingRewards:
         """The samples' rewards, computed in the background (the reward sandbox) or already known."""
@@ -217,6 +233,7 @@ class Driver:
         self.syncing: list = []  # the step's weight-sync calls, once queued
         self.injector = faults.Injector(runtime.spec.test_kill)  # the fault tests' kills (POISE_TEST_KILL)
         self.recoveries = 0
+        self.dynamic: dict[int, DynamicStep] = {}  # dynamic sampling: each generated step's slots, until logged
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
 
     def now(self) -> float:
@@ -359,6 +376,10 @@ class Driver:
                              "from before async resume): resume it with pipeline.mode=sync or colocated")
         pending = decode_samples(path)
         problems = self.source.problems(step)
+        if self.cfg.algorithm.dynamic_sampling:  # slot i holds draw slots[i]: its problem scores it
+            saved = json.loads((checkpoint / DYNAMIC_DRAWS).read_text())
+            problems = self.source.draws(step, saved["slots"])
+            self.dynamic[step] = DynamicStep(saved["slots"], problems, saved["metrics"])
         samples = [s for s, _ in pending]
         results = self.source.submit_scores(problems, samples).result()
         self.reward_results.update((s.sample_id, r) for s, r in zip(samples, results))
@@ -402,6 +423,8 @@ class Driver:
         Each arrived batch goes to the reward sandbox at once; batches are taken back in arrival
         order as they are scored (a fast reward within SCORE_WAIT_S), so slow rewards overlap the
         generation and arrival of the next batches."""
+        if self.cfg.algorithm.dynamic_sampling:
+            return self.collect_dynamic(problems, stream_to_trainer, step)
         scored: list[tuple[Sample, float]] = []
         pending: list[tuple[list[Sample], PendingRewards]] = []
         for batch in self.rt.service.stream():
@@ -415,16 +438,81 @@ class Driver:
         self.rt.service.observe([s for s, _ in scored])
         return scored
 
+    def collect_dynamic(self, problems: list[Problem], stream_to_trainer: bool, step: int
+                        ) -> list[tuple[Sample, float]]:
+        """`collect` with dynamic sampling (policy/dynamic.py): a group whose rewards are all equal
+        is dropped once scored and a new draw goes to the instances at once; each slot's group,
+        relabelled (step, slot, j), goes on (to the trainer) once every draw before it is resolved."""
+        a = self.cfg.algorithm
+        resolver = DrawResolver(a.prompts_per_step, a.group_size, default_max_draws(a.prompts_per_step,
+                                                                                     a.max_prompt_draws))
+        resolver.start()  # the step's own prompts: dispatched by start_generation
+        by_draw: dict[int, Problem] = dict(enumerate(problems))
+        drawn: dict[SampleId, tuple[Sample, RewardResult, float]] = {}
+        scored: list[tuple[Sample, float]] = []
+
+        def take(batch: list[Sample], rewards: PendingRewards) -> None:
+            launch: list[int] = []
+            for s, r in zip(batch, rewards.result()):
+                value = self.shaped(s, r.value)
+                drawn[s.sample_id] = (s, r, value)
+                launch += resolver.scored(s.sample_id, value)
+            if launch:  # the dropped groups' replacements start now, whatever else is in flight
+                new = self.source.draws(step, launch)
+                by_draw.update(zip(launch, new))
+                self.rt.service.extend(step, new, [self.source.prompt_ids(p) for p in new], launch)
+            part = []
+            for slot, draw in resolver.assign():
+                for j in range(a.group_size):
+                    s, r, value = drawn[(step, draw, j)]
+                    sample = dataclasses.replace(s, sample_id=(step, slot, j))
+                    self.rt.service.instance_of[sample.sample_id] = self.rt.service.instance_of[s.sample_id]
+                    self.reward_results[sample.sample_id] = r
+                    part.append((sample, value))
+            self.hand_on(part, stream_to_trainer)
+            scored.extend(part)
+
+        while not resolver.done:
+            pending: list[tuple[list[Sample], PendingRewards]] = []
+            for batch in self.rt.service.stream():
+                self.injector.at(self.rt, "generate", step)
+                pending.append((batch, self.source.submit_scores(by_draw, batch)))
+                pending[-1][1].done(wait_s=SCORE_WAIT_S)
+                while pending and pending[0][1].done():
+                    take(*pending.pop(0))
+            launched = resolver.launched
+            for batch, rewards in pending:
+                take(batch, rewards)
+            if not resolver.done and resolver.launched == launched:
+                raise RuntimeError(f"step {step}: dynamic sampling stalled with {len(resolver.slots)} of "
+                                   f"{a.prompts_per_step} slots fixed and nothing in flight")
+        self.rt.service.observe([s for s, _, _ in drawn.values()])
+        generated = [value for _, _, value in drawn.values()]
+        self.dynamic[step] = DynamicStep(list(resolver.slots), [by_draw[d] for d in resolver.slots],
+                                         {**resolver.metrics(),
+                                          "dynamic/reward_mean_generated": sum(generated) / len(generated)})
+        return scored
+
+    def shaped(self, sample: Sample, reward: float) -> float:
+        """The reward the algorithm sees: the reward functions' plus overlong shaping (algo/shaping.py)."""
+        a = self.cfg.algorithm
+        return reward + overlong_penalty(len(sample.token_ids), a.sampling.max_new_tokens, a.overlong_buffer,
+                                         a.overlong_penalty)
+
     def take_scored(self, batch: list[Sample], rewards: PendingRewards, stream_to_trainer: bool
                     ) -> list[tuple[Sample, float]]:
         results = rewards.result()
         self.reward_results.update((s.sample_id, r) for s, r in zip(batch, results))
-        part = [(s, r.value) for s, r in zip(batch, results)]
+        part = [(s, self.shaped(s, r.value)) for s, r in zip(batch, results)]
+        self.hand_on(part, stream_to_trainer)
+        return part
+
+    def hand_on(self, part: list[tuple[Sample, float]], stream_to_trainer: bool) -> None:
+        """Scored samples go to the trainer (streaming), or, in async, ahead into the object store."""
         if stream_to_trainer:
             self.rt.trainer.feed(part)
         elif self.kind == "async":
-            self.rt.trainer.arrive_ahead(batch)
-        return part
+            self.rt.trainer.arrive_ahead([s for s, _ in part])
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:
         """Wait for weights version `self.version` to reach every rollout device."""
@@ -497,6 +585,9 @@ class Driver:
             if done in self.generated:  # async: step `done`'s samples, made with the weights before this update
                 extra = {PENDING_SAMPLES: encode_samples([s for s, _ in self.generated[done]],
                                                          self.rt.service.instance_of)}
+                if done in self.dynamic:
+                    d = self.dynamic[done]
+                    extra[DYNAMIC_DRAWS] = json.dumps({"slots": d.slots, "metrics": d.metrics}).encode()
             # the driver's run.dir: written there by the leader, or through the driver (runtime/storage.py)
             self.rt.store.save(self.rt.leader, self.rt.workers[self.rt.leader], self.run_dir, done, self.version,
                                extra, f"the checkpoint after step {done - 1}")
@@ -509,12 +600,17 @@ class Driver:
         and instance), its generation intervals (in async, run during the step before) and its
         training intervals."""
         t_start, t_gen, t_train, t_end = times
+        dynamic = self.dynamic.pop(step, None)
+        problems = dynamic.problems if dynamic is not None else problems  # slot i's problem
         ordered = sorted(scored, key=lambda x: x[0].sample_id)
         samples = [s for s, _ in ordered]
         rewards: dict[SampleId, float] = {s.sample_id: r for s, r in ordered}
         row = step_metrics(step, samples, rewards, problems, stats,
                            {"rollout_s": t_gen - t_start, "train_wait_s": t_train - t_gen, "sync_s": t_end - t_train})
         row["split"] = self.rt.split.as_list()
+        row.update(dynamic.metrics if dynamic is not None else {})
+        if self.cfg.algorithm.overlong_buffer:
+            row["reward/overlong"] = sum(self.shaped(s, 0.0) for s in samples) / len(samples)
         results = [(s.sample_id, self.reward_results.pop(s.sample_id)) for s in samples]
         row.update(reward_metrics(r for _, r in results))  # reward/<function> means, reward_failures
         log_failures(log, t_gen, step, results, self.cfg.reward.fallback)
@@ -536,6 +632,7 @@ class Driver:
                       prompt_id=problems[s.sample_id[1]].uid, output_length=len(s.token_ids),
                       weights_version=s.weights_version, instance=self.rt.service.instance_of[s.sample_id],
                       submit=rel(s.submit_time), finish=rel(s.finish_time), reward=rewards[s.sample_id],
+                      **({"draw": dynamic.slots[s.sample_id[1]]} if dynamic is not None else {}),
                       **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}))
         self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,

@@ -413,6 +413,9 @@ class Emulation:
         from poise.sim.driver import make_cost
 
         sc = self.scenario
+        if sc.workload.drop_rate:
+            raise PoiseError(f"scenario workload.drop_rate={sc.workload.drop_rate}: emulated compute has no rewards "
+                             "to drop groups by (the simulator prices it: poise simulate); set it 0")
         self.workload = make_workload(sc.workload, sc.seed)
         self.cost = make_cost(sc)
         first = self.workload.step(0)

@@ -31,6 +31,8 @@ class _Instance:
     worker: object  # DeviceWorker handle
     device: int
     in_flight: int = 0
+    unseen: int = 0  # requests handed in while a `take` was outstanding (it could not count them)
+    taking: bool = False  # a `take` of this instance is outstanding
 
 
 # How long an instance holds a finished sample back for the ones finishing right after it, so
@@ -86,19 +88,49 @@ class StreamGenerationService:
             if q:
                 inst.worker.submit.remote(q, cap)
         for inst, q in zip(instances, queues):
-            inst.in_flight = len(q)
+            inst.in_flight, inst.unseen = len(q), 0
         self._step = step
         return plan
 
+    def extend(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
+               draws: Sequence[int]) -> None:
+        """Dynamic sampling: generate more prompt groups for step `step` while its `stream` runs
+        (draw d's samples are (step, d, j)), each on the instance with the least in flight (which
+        instance runs a group changes no token). `stream` takes them like the step's own."""
+        for problem, ids, draw in zip(problems, prompt_ids, draws):
+            inst = min(self.generating, key=lambda i: (i.in_flight + i.unseen, i.device))
+            self._prompts[(step, draw)] = Prompt(problem.uid, problem.prompt)
+            requests = [Request((step, draw, j), ids) for j in range(self.group_size)]
+            for r in requests:
+                self.instance_of[r.sample_id] = inst.device
+            inst.worker.submit.remote(requests, self._caps.get(inst.device, self.num_slots))
+            if inst.taking:  # the actor runs calls in order: that take reports counts from before this submit
+                inst.unseen += len(requests)
+            else:
+                inst.in_flight += len(requests)
+
     def stream(self) -> Iterator[list[Sample]]:
-        """Yield the step's finished samples in batches, as they come, until every one is out."""
+        """Yield the step's finished samples in batches, as they come, until every one is out
+        (work `extend` hands in meanwhile included)."""
         if self.carried:
             batch, self.carried = self.carried, []
             yield batch
-        refs = {inst.worker.take.remote(self.take_seconds, TAKE_LINGER_S): inst
-                for inst in self.generating if inst.in_flight}
+        refs: dict = {}
+        for inst in self.generating:  # a stream cut short (a worker died) left no take of its own behind
+            inst.taking = False
+
         # the heartbeat: each instance's engine step count and when it last changed
         progress = {inst.device: (-1, time.time()) for inst in self.generating}
+
+        def take_from_busy_instances() -> None:
+            for inst in self.generating:
+                if (inst.in_flight or inst.unseen) and not inst.taking:
+                    if not inst.in_flight:  # idle until `extend` woke it: that silence was no hang
+                        progress[inst.device] = (progress.get(inst.device, (-1, 0.0))[0], time.time())
+                    inst.in_flight, inst.unseen, inst.taking = inst.in_flight + inst.unseen, 0, True
+                    refs[inst.worker.take.remote(self.take_seconds, TAKE_LINGER_S)] = inst
+
+        take_from_busy_instances()
         while refs:
             ray.wait(list(refs), num_returns=1, timeout=self.step_timeout_s)  # the first instance with news ...
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)  # ... and every other one
@@ -110,18 +142,19 @@ class StreamGenerationService:
             batch: list[Sample] = []
             for ref in ready:
                 inst = refs.pop(ref)
+                inst.taking = False
                 try:
                     finished, inst.in_flight, busy, steps = ray.get(ref)
                 except (RayActorError, RayTaskError) as e:
                     raise lost_or_raise(None, e, [inst.device], f"generation of step {self._step}") from e
-                if steps != progress[inst.device][0] or finished:
+                if steps != progress.get(inst.device, (-1,))[0] or finished:
                     progress[inst.device] = (steps, now)
                 self.busy[self._step] += [(inst.device, start, end) for start, end in busy]
                 batch.extend(finished)
-                if inst.in_flight:
-                    refs[inst.worker.take.remote(self.take_seconds, TAKE_LINGER_S)] = inst
+            take_from_busy_instances()
             if batch:
                 yield batch
+                take_from_busy_instances()  # the caller may have extended the step meanwhile
 
     # --- live resize -----------------------------------------------------------------------------
     def remove_instances(self, devices: Sequence[int]) -> None:

@@ -246,6 +246,6 @@ class TrainerGroup:
         if self.contribute_refs:
             wait([ref for _, ref in self.contribute_refs], [rank for rank, _ in self.contribute_refs], what,
                  self.step_timeout_s, role="train")
-        stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"])
-                            for m in micro], [u[0]["grad_norm"] for u in updates])
+        stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"],
+                                       m.get("entropy_sum", 0.0)) for m in micro], [u[0]["grad_norm"] for u in updates])
         return stats, micro, [u for per_device in updates for u in per_device]

@@ -34,6 +34,7 @@ the new split after the critical path, keeping the tokens it had (re-prefilled).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -237,7 +238,8 @@ class Simulation:
                 gen_free = train_free = end
                 pending, resized = None, end - max(train_end[-1], gen_end)
             self.ranker.observe([Finished(s.prompt, s.output_length) for s in samples])
-            train_start, t_end, train_busy = self.train(samples, finish, gen_end, train_free, bg_ready)
+            train_start, t_end, train_busy = self.train(*self.trained(samples, finish), gen_end, train_free,
+                                                        bg_ready)
             train_free = t_end
             prev = train_end[-1] if train_end else 0.0
             train_end.append(t_end)
@@ -260,6 +262,22 @@ class Simulation:
         return summary
 
     # --- phases ---------------------------------------------------------------------------
+    def trained(self, samples: list[SimSample], finish: list[float]) -> tuple[list[SimSample], list[float]]:
+        """Dynamic sampling (workload.drop_rate): the groups that train, each relabelled to its slot
+        (policy/dynamic.py): the kept draws in draw order, then, where the draws ran out, the
+        earliest dropped ones. Departure from the runtime: a slot is ready when its own group
+        finishes, not once every draw before it is resolved too."""
+        if not any(s.dropped for s in samples):
+            return samples, finish
+        draws = sorted({s.sample_id[1]: s.dropped for s in samples}.items())
+        prompts = self.sc.workload.prompts_per_step
+        slots = ([d for d, dropped in draws if not dropped] + [d for d, dropped in draws if dropped])[:prompts]
+        slot_of = {d: i for i, d in enumerate(slots)}
+        kept = [(dataclasses.replace(s, sample_id=(s.sample_id[0], slot_of[s.sample_id[1]], s.sample_id[2])), f)
+                for s, f in zip(samples, finish) if s.sample_id[1] in slot_of]
+        kept.sort(key=lambda x: x[0].sample_id)
+        return [s for s, _ in kept], [f for _, f in kept]
+
     def plan(self, samples: list[SimSample], train_devices: int) -> StepPlan:
         """The step plan of `samples` (one step's). A replayed trace may give a prompt fewer
         samples than its largest group: those ids of the plan's grid are holes that weigh nothing."""

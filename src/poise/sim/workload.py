@@ -69,6 +69,10 @@ class WorkloadConfig:
     phases: tuple[PhaseConfig, ...] = help_factory(lambda: (PhaseConfig(),), "phases in order")
     cycle_phases: bool = help_field(False, "repeat the phase list when it ends")
     trace: str | None = help_field(None, "JSONL trace to replay instead of the parametric workload")
+    drop_rate: float = help_field(0.0, "dynamic sampling (algorithm.dynamic_sampling): the share of prompt groups "
+                                       "whose rewards are all equal; each is dropped and one more group drawn, up to "
+                                       "4 x prompts_per_step groups a step: all are generated (and priced), "
+                                       "prompts_per_step groups train")
 
     def __post_init__(self) -> None:
         check(self.prompts_per_step >= 1, "workload.prompts_per_step", self.prompts_per_step, "must be >= 1")
@@ -76,6 +80,9 @@ class WorkloadConfig:
         check(self.pool_size >= 1, "workload.pool_size", self.pool_size, "must be >= 1")
         check(self.sample_sigma >= 0, "workload.sample_sigma", self.sample_sigma, "must be >= 0")
         check(self.growth_per_step > -1, "workload.growth_per_step", self.growth_per_step, "must be > -1")
+        check(0 <= self.drop_rate < 1, "workload.drop_rate", self.drop_rate, "must be in [0, 1)")
+        check(not (self.drop_rate and self.trace), "workload.drop_rate", self.drop_rate,
+              "applies to the parametric workload; a trace replays what it recorded: set it 0")
         check(len(self.phases) >= 1, "workload.phases", [], "give at least one phase")
         for i, p in enumerate(self.phases[:-1]):
             check(p.steps is not None, f"workload.phases[{i}].steps", None,
@@ -88,6 +95,7 @@ class SimSample:
     prompt: Prompt
     prompt_len: int
     output_length: int
+    dropped: bool = False  # dynamic sampling dropped its group: generated, not trained
 
 
 _seed = stable_seed  # the name the simulator (and runtime/emulated.py) imported first
@@ -151,13 +159,20 @@ class ParametricWorkload:
         sigma = cfg.sample_sigma
         out = []
         first = (k - start) * cfg.prompts_per_step
-        for pi in range(cfg.prompts_per_step):
-            epoch, offset = divmod(first + pi, cfg.pool_size)
-            prompt, plen, mean, max_len = pool[self._order(phase, epoch)[offset]]
+        draws = [pool[self._order(phase, epoch)[offset]]
+                 for epoch, offset in (divmod(first + pi, cfg.pool_size) for pi in range(cfg.prompts_per_step))]
+        dropped = [False] * len(draws)
+        if cfg.drop_rate:  # dynamic sampling: each dropped group draws one more, while the step may
+            drops = random.Random(_seed("drops", self.seed, k))
+            dropped = [drops.random() < cfg.drop_rate for _ in draws]
+            while sum(not d for d in dropped) < cfg.prompts_per_step and len(draws) < 4 * cfg.prompts_per_step:
+                draws.append(pool[random.Random(_seed("draw", self.seed, k, len(draws))).randrange(len(pool))])
+                dropped.append(drops.random() < cfg.drop_rate)
+        for pi, ((prompt, plen, mean, max_len), drop) in enumerate(zip(draws, dropped)):
             for si in range(cfg.samples_per_prompt):
                 noise = rng.lognormvariate(0.0, sigma) if sigma else 1.0
                 length = min(max_len, max(1, int(mean * grow * noise)))
-                out.append(SimSample((k, pi, si), prompt, plen, length))
+                out.append(SimSample((k, pi, si), prompt, plen, length, drop))
         return out
 
     @property

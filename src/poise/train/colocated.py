@@ -15,10 +15,12 @@ import torch
 
 from poise import interrupt
 from poise.algo.advantages import ready_advantages
+from poise.algo.shaping import overlong_penalty
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
 from poise.metrics import step_metrics
+from poise.policy.dynamic import DrawResolver, default_max_draws
 from poise.rollout.engine import Engine
 from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
@@ -75,6 +77,42 @@ class ColocatedLoop:
         """Every sample's reward, from the reward sandbox (the step's samples are all generated)."""
         return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
 
+    def shaped(self, sample, reward: float) -> float:
+        """The reward the algorithm sees: the reward functions' plus overlong shaping (algo/shaping.py)."""
+        a = self.cfg.algorithm
+        return reward + overlong_penalty(len(sample.token_ids), a.sampling.max_new_tokens, a.overlong_buffer,
+                                         a.overlong_penalty)
+
+    def generate_dynamic(self, step: int, problems: list[Problem]):
+        """Dynamic sampling (policy/dynamic.py): generate and score the step's draws, then a new draw
+        for each dropped group, until every slot holds a group. Returns the slots' samples
+        (relabelled (step, slot, j)), their reward results, the slots' problems and the metrics."""
+        a = self.cfg.algorithm
+        resolver = DrawResolver(a.prompts_per_step, a.group_size, default_max_draws(a.prompts_per_step,
+                                                                                     a.max_prompt_draws))
+        todo = resolver.start()
+        by_draw = dict(enumerate(problems))
+        drawn: dict[SampleId, tuple] = {}
+        self.engine.set_weights_version(self.state.weights_version)
+        while todo:
+            batch = sorted(self.engine.generate(Request((step, d, j), self.steps.prompt_ids(by_draw[d]))
+                                                for d in todo for j in range(a.group_size)),
+                           key=lambda s: s.sample_id)
+            todo = []
+            for s, r in zip(batch, self.steps.submit_scores(by_draw, batch).result()):
+                drawn[s.sample_id] = (s, r)
+                todo += resolver.scored(s.sample_id, self.shaped(s, r.value))
+            by_draw.update(zip(todo, self.steps.draws(step, todo)))
+        samples, results = [], {}
+        for slot, draw in resolver.assign():
+            for j in range(a.group_size):
+                s, r = drawn[(step, draw, j)]
+                samples.append(dataclasses.replace(s, sample_id=(step, slot, j)))
+                results[samples[-1].sample_id] = r
+        generated = [self.shaped(s, r.value) for s, r in drawn.values()]
+        metrics = {**resolver.metrics(), "dynamic/reward_mean_generated": sum(generated) / len(generated)}
+        return samples, results, [by_draw[d] for d in resolver.slots], metrics
+
     def advantages(self, rewards: dict[SampleId, float], step: int, n_prompts: int) -> dict[SampleId, float]:
         algo = self.cfg.algorithm
         out: dict[SampleId, float] = {}
@@ -94,10 +132,15 @@ class ColocatedLoop:
     def run_step(self, step: int, log: RunLog) -> dict:
         t_start = self.now()
         problems = self.steps.problems(step)
-        samples = self.generate(step, problems)
-        t_gen = self.now()
-        scored = self.score(problems, samples)
-        rewards = {sid: r.value for sid, r in scored.items()}
+        dynamic = {}
+        if self.cfg.algorithm.dynamic_sampling:  # scoring is part of generating: it decides what to draw
+            samples, scored, problems, dynamic = self.generate_dynamic(step, problems)
+            t_gen = self.now()
+        else:
+            samples = self.generate(step, problems)
+            t_gen = self.now()
+            scored = self.score(problems, samples)
+        rewards = {s.sample_id: self.shaped(s, scored[s.sample_id].value) for s in samples}
         advantages = self.advantages(rewards, step, len(problems))
         t_score = self.now()
         stats = self.train(samples, advantages)
@@ -106,6 +149,9 @@ class ColocatedLoop:
         metrics = step_metrics(step, samples, rewards, problems, stats,
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})
         metrics.update(reward_metrics(scored.values()))  # reward/<function> means, reward_failures
+        metrics.update(dynamic)
+        if self.cfg.algorithm.overlong_buffer:
+            metrics["reward/overlong"] = sum(self.shaped(s, 0.0) for s in samples) / len(samples)
         log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)
         log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics,
                         self.cfg.run.log_tokens, self.t0, rewards)

@@ -45,7 +45,8 @@ class MicroBatchResult:
     clipped_tokens: int
     kl_sum: float
     tokens: int
-    shapes: tuple[torch.Size, ...] = ()  # of the parameters, to view flat_grad per parameter
+    shapes: tuple[torch.Size, ...] = ()
+    entropy_sum: float = 0.0  # summed policy entropy over the response tokens (a metric)  # of the parameters, to view flat_grad per parameter
 
     @property
     def grads(self) -> list[torch.Tensor]:
@@ -53,7 +54,8 @@ class MicroBatchResult:
         return param_views(self.flat_grad, self.shapes)
 
     def stats(self) -> MicroStats:
-        return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens)
+        return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens,
+                          self.entropy_sum)
 
 
 @dataclass
@@ -232,8 +234,14 @@ class PolicyTrainer:
         batch = pack_batch(samples, self.pad_id)  # one forward per micro-batch, no padding between sequences
         logits = packed_logits(self.model, batch, temperature)
         logp = unflatten(token_logprobs(logits, batch), batch)
-        entropy = unflatten(token_entropy(logits), batch) if self.cfg.entropy_coef > 0 else None
         mask = batch.mask.to(device)
+        if self.cfg.entropy_coef > 0:
+            entropy = unflatten(token_entropy(logits), batch)
+            entropy_sum = float((entropy.detach() * mask).sum())
+        else:  # the metric alone: no graph kept for it
+            entropy = None
+            with torch.no_grad():
+                entropy_sum = float((unflatten(token_entropy(logits.detach()), batch) * mask).sum())
         ref = None
         if self.cfg.kl_coef > 0:
             with torch.no_grad():
@@ -256,7 +264,7 @@ class PolicyTrainer:
         finally:
             self._grad_target = None
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
-                                loss.kl_sum, int(mask.sum()), self.shapes)
+                                loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum)
 
     def _flat_hook(self, offset: int):
         def hook(p: torch.Tensor) -> None:
