@@ -84,6 +84,10 @@ def check_before_work(cfg: TrainConfig) -> None:
         from poise.rewards.scorer import check_rewards
 
         check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
+    if cfg.eval.every:
+        from poise.evaluation.heldout import load_heldout
+
+        load_heldout(cfg.eval, cfg.data, cfg.run.seed)  # a missing eval.dataset or column, before the run directory
 
 
 def run_training(cfg: TrainConfig, resume: bool = False) -> list[dict]:
