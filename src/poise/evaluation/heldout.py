@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from poise.config import DataConfig, EvalConfig, ModelConfig, SamplingConfig
-from poise.data.prompts import TaskSteps, fitted_context
+from poise.data.prompts import TaskSteps, engine_context, fitted_context
 from poise.data.tasks import Problem, TaskSource, derive_seed, make_problem
-from poise.errors import ConfigError, PoiseError
+from poise.errors import ConfigError, DataError, PoiseError
 from poise.rewards.scorer import RewardResult, RewardScorer, reward_metrics
 from poise.types import Request, Sample, SampleId
 
@@ -74,6 +74,17 @@ class HeldOut:
         # the tokenizer, prompt encoding and scoring of training's source; its own prompts are not used
         self.steps = TaskSteps(dataclasses.replace(data, dataset=None), model, seed, 1, rewards)
         self.prompt_ids = [self.steps.prompt_ids(p) for p in self.problems]
+
+    def check_fit(self, model: ModelConfig, max_context: int, max_new_tokens: int) -> None:
+        """Every held-out prompt plus a full response fits in the engine's context (before any work)."""
+        context = engine_context(model, max_context)
+        if context is None:
+            return
+        for p, ids in zip(self.problems, self.prompt_ids):
+            if len(ids) + max_new_tokens > context:
+                raise DataError(f"eval.dataset {p.origin or p.uid}: prompt of {len(ids)} tokens + "
+                                f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of {context} "
+                                "tokens; shorten the prompt, lower max_new_tokens or raise rollout.max_context")
 
     def due(self, step: int, steps: int) -> bool:
         """Evaluate after step `step` (0-based) of a run of `steps`: every eval.every and after the last."""
