@@ -129,3 +129,14 @@ def test_wandb_offline_run_holds_the_eval_scalars(runs):
                 logged[items["_step"]] = items["eval/greedy/reward_mean"]
     want = {r["step"]: r["eval"]["greedy"]["reward_mean"] for r in on.rows if "eval" in r}
     assert logged == pytest.approx(want)
+
+
+def test_poise_eval_of_a_model_directory(warm_start, tmp_path):
+    from poise.cli import main
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(warm_start.path), *warm_start.overrides[1:], "eval.problems=4", "eval.k=1",
+                 "algorithm.sampling.max_new_tokens=12", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["version"] == 0 and got["eval"]["problems"] == 4  # an HF directory: weights version 0
+    assert {"greedy", "sampled", "pass@1"} <= got["eval"].keys()

@@ -64,12 +64,11 @@ def run(args: argparse.Namespace) -> int:
                          "(config.json); point poise eval at one")
     if args.step is not None and not is_run:
         raise PoiseError(f"--step {args.step} needs a run directory; '{target}' is a model directory")
+    if not is_run:  # the model (its context, and with data.tokenizer=model its tokenizer) is TARGET
+        overrides = [*overrides, f"model.path={target}"]
     cfg = load_train_config(config or (target / "config.yaml" if is_run else None), overrides)
     weights, version = _checkpoint(target, args.step) if is_run else (target, 0)
     model_dir = weights
-    if not is_run and cfg.data.tokenizer == "model":
-        overrides = [*overrides, f"model.path={target}"]  # the tokenizer saved beside the model
-        cfg = load_train_config(config, overrides)
 
     from poise.evaluation.heldout import HeldOut, load_heldout
 
