@@ -17,14 +17,16 @@ def _jsonl(path, rows):
                                   "k"])
 def test_bad_eval_input_fails_up_front(tmp_path, case):
     train = _jsonl(tmp_path / "train.jsonl", [{"prompt": "arith 1+2", "answer": "3"}])
+    no_prompt = _jsonl(tmp_path / "held.jsonl", [{"question": "arith 2+2", "answer": "4"}])
+    too_long = _jsonl(tmp_path / "long.jsonl", [{"prompt": "sort " + "1 " * 60, "answer": "1"}])
     args = {
         "missing_column": ([f"data.dataset={train}", "eval.every=5",
-                            f"eval.dataset={_jsonl(tmp_path / 'held.jsonl', [{'question': 'arith 2+2', 'answer': '4'}])}"],
+                            f"eval.dataset={no_prompt}"],
                            ["eval.dataset", "held.jsonl:1", "no 'prompt'", "data.prompt_key"]),
         "missing_path": (["eval.every=5", f"eval.dataset={tmp_path / 'nope.jsonl'}"],
                          ["eval.dataset", "nope.jsonl", "does not exist"]),
         "too_long": (["eval.every=5", "rollout.max_context=128",
-                      f"eval.dataset={_jsonl(tmp_path / 'long.jsonl', [{'prompt': 'sort ' + '1 ' * 60, 'answer': '1'}])}"],
+                      f"eval.dataset={too_long}"],
                      ["eval.dataset", "long.jsonl:1", "exceeds the context of 128"]),
         "dataset_without_heldout": ([f"data.dataset={train}", "eval.every=5"], ["eval.dataset", "held-out file"]),
         "every": (["eval.every=-1"], ["eval.every", "-1", ">= 0"]),

@@ -35,7 +35,8 @@ def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
     source = checkpoint_dir(run_dir, step)
     if not source.is_dir():
         have = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
-        raise PoiseError(f"--step {step}: no checkpoint {source.name} in '{run_dir}' (it has {', '.join(have) or 'none'})")
+        raise PoiseError(f"--step {step}: no checkpoint {source.name} in '{run_dir}' "
+                         f"(it has {', '.join(have) or 'none'})")
     problem = verify_checkpoint(source, step)
     if problem is not None:
         raise PoiseError(f"checkpoint {source.name} is incomplete ({problem}); evaluate another --step")

@@ -83,8 +83,9 @@ class HeldOut:
         for p, ids in zip(self.problems, self.prompt_ids):
             if len(ids) + max_new_tokens > context:
                 raise DataError(f"eval.dataset {p.origin or p.uid}: prompt of {len(ids)} tokens + "
-                                f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of {context} "
-                                "tokens; shorten the prompt, lower max_new_tokens or raise rollout.max_context")
+                                f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of "
+                                f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
+                                "rollout.max_context")
 
     def due(self, step: int, steps: int) -> bool:
         """Evaluate after step `step` (0-based) of a run of `steps`: every eval.every and after the last."""

@@ -284,8 +284,9 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
         f"<tr><td>{esc(k)}</td>" + "".join(
             f"<td>{esc(_num(dict(zip(s['step'], s['value'])).get(k)))}</td>" for s in evals.values()) + "</tr>"
         for k in eval_steps)
+    eval_head = "".join(f"<th>{esc(EVAL_HEADER.get(name, name))}</th>" for name in evals)
     eval_table = (f"<h2>held-out evaluation</h2><table border=1 cellpadding=3 id='eval'><tr><th>after step</th>"
-                  + "".join(f"<th>{esc(EVAL_HEADER.get(name, name))}</th>" for name in evals) + f"</tr>{eval_rows}</table>") if evals else ""
+                  f"{eval_head}</tr>{eval_rows}</table>") if evals else ""
     simulated = "".join(f"<tr><td>{esc(k)}</td><td>{esc(_value(v))}</td></tr>"
                         for k, v in run["summary"].items() if k not in ("resizes", "joins"))
     decisions = [e for e in run["events"] if e.get("kind") == "decision" and e.get("what") == "resize"
