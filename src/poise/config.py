@@ -473,7 +473,7 @@ class EvalConfig:
     greedy: bool = help_field(True, "one greedy (temperature 0) response per problem: eval/greedy/...")
     k: int = help_field(0, "sampled responses per problem at algorithm.sampling's temperature: eval/sampled/... "
                            "and eval/pass@k (a problem passes if one of its k responses does); 0 = none")
-    pass_reward: float = help_field(1.0, "a response passes when its reward is >= this (eval/.../pass_rate, "
+    pass_threshold: float = help_field(1.0, "a response passes when its reward is >= this (eval/.../pass_rate, "
                                          "eval/pass@k)")
 
     def __post_init__(self) -> None:
@@ -482,7 +482,7 @@ class EvalConfig:
         check(self.k >= 0, "k", self.k, "must be >= 0 (0 = greedy only), e.g. 4")
         check(self.greedy or self.k >= 1, "k", self.k, "with greedy=false there is nothing to evaluate; set k >= 1 "
                                                       "or greedy=true")
-        check(math.isfinite(self.pass_reward), "pass_reward", self.pass_reward, "must be a finite number, e.g. 1.0")
+        check(math.isfinite(self.pass_threshold), "pass_threshold", self.pass_threshold, "must be a finite number, e.g. 1.0")
         check(self.dataset is None or bool(self.dataset.strip()), "dataset", self.dataset,
               "name a held-out file or directory, or null for the built-in tasks")
 

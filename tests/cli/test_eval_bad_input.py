@@ -42,6 +42,6 @@ def test_config_shows_the_eval_section(capsys):
 
     assert main(["config", "--section", "eval"]) == 0
     out = capsys.readouterr().out
-    for field in ("every: 0", "dataset: null", "problems: 64", "greedy: true", "k: 0", "pass_reward: 1.0"):
+    for field in ("every: 0", "dataset: null", "problems: 64", "greedy: true", "k: 0", "pass_threshold: 1.0"):
         assert field in out, field
     assert "0 = off" in out and "pass@k" in out  # the help text beside each field

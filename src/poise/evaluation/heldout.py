@@ -118,11 +118,11 @@ class HeldOut:
                 continue
             values = [r.value for _, r in pairs]
             out[mode] = {"reward_mean": sum(values) / len(values),
-                         "pass_rate": sum(v >= self.cfg.pass_reward for v in values) / len(values),
+                         "pass_rate": sum(v >= self.cfg.pass_threshold for v in values) / len(values),
                          "response_len_mean": sum(len(s.token_ids) for s, _ in pairs) / len(pairs),
                          **reward_metrics(r for _, r in pairs)}
         if by_mode["sampled"]:
-            passed = {s.sample_id[1] for s, r in by_mode["sampled"] if r.value >= self.cfg.pass_reward}
+            passed = {s.sample_id[1] for s, r in by_mode["sampled"] if r.value >= self.cfg.pass_threshold}
             out[f"pass@{self.cfg.k}"] = len(passed) / len(self.problems)
         out["seconds"] = time.perf_counter() - seconds_from
         return {"eval": out}
