@@ -1,7 +1,9 @@
-"""Held-out evaluation on the rollout devices of a Ray run (sync 1+1): the training with eval.every
-is the training without it, bit for bit (every sample's tokens, logprobs and weights version; the
-model and optimizer bytes of every checkpoint), and the numbers are those `poise eval` computes
-in one process from the same checkpoint (which device ran a request changes no token)."""
+"""Held-out evaluation on the rollout devices of a Ray run (sync 1+1): its training is that of the
+colocated reference without evaluation, bit for bit (every sample's tokens, logprobs and weights
+version; the model and optimizer bytes of every checkpoint; sync 1+1 = colocated is the runtime's
+own invariant, tests/runtime/test_runtime.py, so one Ray run suffices), and its numbers are those
+`poise eval` computes in one process from the same checkpoint (which device ran a request changes
+no token)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ import pytest
 
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
+from poise.train.colocated import train_colocated
 
 pytestmark = pytest.mark.ray
 
 STEPS = 3
+RAY = ["pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]", "run.verify_sync=true"]
 JOB = [
-    "pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]", "run.verify_sync=true",
     "run.progress=false", "run.log_tokens=true", f"run.steps={STEPS}", "run.checkpoint_every=1",
     "algorithm.prompts_per_step=4", "algorithm.group_size=4", "algorithm.micro_batch_size=3",
     "algorithm.sampling.max_new_tokens=12", "rollout.num_slots=8",
@@ -27,15 +30,16 @@ EVAL = ["eval.every=2", "eval.k=2", "eval.problems=6"]
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory, warm_start, read_run):
     root = tmp_path_factory.mktemp("eval-runtime")
-    train_disaggregated(load_train_config(None, [*JOB, *warm_start.overrides, f"run.dir={root / 'off'}"]))
-    train_disaggregated(load_train_config(None, [*JOB, *warm_start.overrides, *EVAL, f"run.dir={root / 'on'}"]))
+    train_colocated(load_train_config(None, [*JOB, *warm_start.overrides, "pipeline.mode=colocated",
+                                             f"run.dir={root / 'off'}"]))
+    train_disaggregated(load_train_config(None, [*JOB, *RAY, *warm_start.overrides, *EVAL, f"run.dir={root / 'on'}"]))
     return read_run(root / "off"), read_run(root / "on")
 
 
 def test_evaluation_on_rollout_devices_changes_no_training_bit(runs, warm_start):
     off, on = runs
     on.assert_learned(warm_start)
-    on.assert_bitwise_equal(off, "sync 1+1, eval on vs off")
+    on.assert_bitwise_equal(off, "sync 1+1 with eval vs colocated without")
     assert [r["step"] for r in on.rows if "eval" in r] == [1, 2]
     assert not any("eval" in r for r in off.rows)
 
