@@ -239,9 +239,10 @@ def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[st
         if not curve["step"]:
             continue
         fig, ax = plt.subplots(figsize=(10, 3.0))
-        ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="mean")
-        if name == "reward":  # held-out evaluation (eval.every) next to the training reward
-            for mode, series in eval_curves(metrics).items():
+        evals = eval_curves(metrics) if name == "reward" else {}  # held-out evaluation next to training's reward
+        ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="training: mean" if evals else "mean")
+        if evals:
+            for mode, series in evals.items():
                 if mode in EVAL_STYLE:
                     c, marker, label = EVAL_STYLE[mode]
                     ax.plot(series["step"], series["value"], lw=1.2, color=c, marker=marker, ms=4, label=label)
