@@ -45,3 +45,13 @@ def test_config_shows_the_eval_section(capsys):
     for field in ("every: 0", "dataset: null", "problems: 64", "greedy: true", "k: 0", "pass_threshold: 1.0"):
         assert field in out, field
     assert "0 = off" in out and "pass@k" in out  # the help text beside each field
+
+
+@pytest.mark.parametrize("key, hint", [("data.eval_dataset=x.jsonl", "eval.dataset"),
+                                       ("run.eval_steps=10", "eval.every")])
+def test_trl_eval_names_get_the_poise_name(key, hint):
+    from poise.config import load_train_config
+    from poise.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=hint):
+        load_train_config(None, [key])
