@@ -17,13 +17,14 @@ from poise.errors import PoiseError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "poise eval RUN_DIR|MODEL_DIR [CONFIG] [key=value ...] [--step N] [--out FILE]"
     # one list, split below: argparse drops optional positionals given after an option (--out X a=b)
     parser.add_argument("args", nargs="+", metavar="RUN_DIR|MODEL_DIR [CONFIG] [key=value ...]",
                         help="a run directory of `poise train` or an HF model directory (config.json + safetensors); "
                              "a YAML config (default: the run's config.yaml, or the defaults); dotted overrides, "
                              "e.g. eval.problems=32 eval.k=4")
-    parser.add_argument("--step", type=int, help="a run directory's checkpoint of this step (default: the newest)")
-    parser.add_argument("--out", help="also write the metrics as JSON to this file")
+    parser.add_argument("--step", type=int, metavar="N", help="a run directory's checkpoint of this step (default: the newest)")
+    parser.add_argument("--out", metavar="FILE", help="also write the metrics as JSON to this file")
 
 
 def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
