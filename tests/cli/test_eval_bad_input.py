@@ -55,3 +55,9 @@ def test_trl_eval_names_get_the_poise_name(key, hint):
 
     with pytest.raises(ConfigError, match=hint):
         load_train_config(None, [key])
+
+
+def test_poise_eval_of_neither_a_run_nor_a_model_fails_in_one_line(tmp_path):
+    result = poise("eval", str(tmp_path / "nothing"), "--out", str(tmp_path / "eval.json"))
+    assert_one_line_error(result, "nothing", "neither a run directory", "nor an HF model directory")
+    assert not (tmp_path / "eval.json").exists()
