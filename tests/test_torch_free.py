@@ -19,7 +19,7 @@ import importlib, pkgutil
 import poise.policy, poise.sim
 modules = ["poise.config", "poise.types", "poise.schema", "poise.runlog", "poise.rundir", "poise.metrics",
            "poise.data.prompts", "poise.data.tasks", "poise.data.tokenizer", "poise.data.dataset",
-           "poise.runtime.emulated"]
+           "poise.runtime.emulated", "poise.evaluation.heldout", "poise.runtime.evaluation"]
 for package in (poise.policy, poise.sim):  # every submodule, including ones added later
     modules += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 for name in modules:

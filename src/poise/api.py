@@ -70,6 +70,10 @@ def check_before_work(cfg: TrainConfig) -> None:
                          "run.tensorboard=false")
     if cfg.run.wandb is not None and importlib.util.find_spec("wandb") is None:
         raise PoiseError("run.wandb needs the wandb package; pip install 'poise[wandb]', or drop run.wandb")
+    if cfg.eval.every:
+        from poise.evaluation.heldout import load_heldout
+
+        load_heldout(cfg.eval, cfg.data, cfg.run.seed)  # a missing eval.dataset or column, before the run directory
     if cfg.cluster.compute == "real":
         from poise.train.setup import check_device
 
@@ -84,6 +88,11 @@ def check_before_work(cfg: TrainConfig) -> None:
         from poise.rewards.scorer import check_rewards
 
         check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
+    if cfg.eval.every and cfg.cluster.compute == "real":
+        from poise.evaluation.heldout import HeldOut
+
+        HeldOut(cfg.eval, cfg.data, cfg.model, cfg.run.seed, None).check_fit(
+            cfg.model, cfg.rollout.max_context, cfg.algorithm.sampling.max_new_tokens)  # each held-out prompt fits
 
 
 def run_training(cfg: TrainConfig, resume: bool = False) -> list[dict]:

@@ -479,6 +479,35 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation between steps (poise.evaluation): it never changes a training bit."""
+
+    every: int = help_field(0, "evaluate on held-out problems after every N steps and after the last; 0 = off "
+                               "(`poise eval` evaluates a checkpoint whatever this is)")
+    dataset: str | None = help_field(None, "held-out dataset: a .jsonl or .parquet file or a `datasets` "
+                                           "save_to_disk directory with data.prompt_key and data.answer_key columns; "
+                                           "null = held-out problems of the built-in tasks (a pool disjoint from "
+                                           "training's); needed when data.dataset is set")
+    problems: int = help_field(64, "held-out problems per evaluation: the dataset's first N rows (0 = all rows) or "
+                                   "N problems of the built-in tasks")
+    greedy: bool = help_field(True, "one greedy (temperature 0) response per problem: eval/greedy/...")
+    k: int = help_field(0, "sampled responses per problem at algorithm.sampling's temperature: eval/sampled/... "
+                           "and eval/pass@k (a problem passes if one of its k responses does); 0 = none")
+    pass_threshold: float = help_field(1.0, "a response passes when its reward is >= this (eval/.../pass_rate, "
+                                         "eval/pass@k)")
+
+    def __post_init__(self) -> None:
+        check(self.every >= 0, "every", self.every, "must be >= 0 (0 = off), e.g. 10")
+        check(self.problems >= 0, "problems", self.problems, "must be >= 0 (0 = every row of eval.dataset)")
+        check(self.k >= 0, "k", self.k, "must be >= 0 (0 = greedy only), e.g. 4")
+        check(self.greedy or self.k >= 1, "k", self.k, "with greedy=false there is nothing to evaluate; set k >= 1 "
+                                                      "or greedy=true")
+        check(math.isfinite(self.pass_threshold), "pass_threshold", self.pass_threshold, "must be a finite number, e.g. 1.0")
+        check(self.dataset is None or bool(self.dataset.strip()), "dataset", self.dataset,
+              "name a held-out file or directory, or null for the built-in tasks")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     run: RunConfig = help_factory(RunConfig, "run-level settings")
     model: ModelConfig = help_factory(ModelConfig, "policy model")
@@ -499,6 +528,7 @@ class TrainConfig:
                                       "join as rollout instances, by a schedule or the scale controller")
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
+    eval: EvalConfig = help_factory(EvalConfig, "held-out evaluation every N steps and at the end (off by default)")
 
     def __post_init__(self) -> None:
         if self.determinism == "bitwise" and not self.rollout.batch_invariant:
@@ -518,6 +548,7 @@ class TrainConfig:
               "works); set it false")
         check(not self.algorithm.dynamic_sampling or self.cluster.compute == "real", "algorithm.dynamic_sampling",
               True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
+        self._check_eval()
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
@@ -543,6 +574,19 @@ class TrainConfig:
             check(split.rollout + split.train == devices, f"resize.allowed_splits[{i}]", split.as_list(),
                   f"must add up to cluster.devices={devices}")
 
+
+    def _check_eval(self) -> None:
+        """Held-out problems exist for this run: a dataset run needs its own held-out rows."""
+        e = self.eval
+        if not e.every:
+            return
+        check(self.data.dataset is None or e.dataset is not None, "eval.dataset", None,
+              "data.dataset is set, so the built-in tasks are not this run's task; name a held-out file with the "
+              "same columns (eval.dataset=path) or set eval.every=0")
+        check(e.dataset is not None or e.problems >= 1, "eval.problems", e.problems,
+              "must be >= 1 for the built-in tasks (0 means every row of an eval.dataset)")
+        check(self.cluster.compute == "real", "eval.every", e.every,
+              "needs cluster.compute=real (emulated devices hold no model to evaluate); set eval.every=0")
 
     def _check_scale(self) -> None:
         """Joins need reserve devices, a disaggregated pipeline and a fixed split (runtime/scale.py)."""
@@ -596,6 +640,10 @@ FOREIGN_KEYS = {
     "output_dir": "TRL's output_dir is run.dir",
     "save_steps": "TRL's save_steps is run.checkpoint_every",
     "save_total_limit": "TRL's save_total_limit is run.keep_checkpoints",
+    "eval_steps": "TRL's eval_steps is eval.every (held-out evaluation every N steps)",
+    "eval_strategy": "TRL's eval_strategy is eval.every (0 = no evaluation)",
+    "eval_dataset": "the held-out dataset is eval.dataset",
+    "test_freq": "verl's test_freq is eval.every",
     "model_name_or_path": "model_name_or_path is model.path (a local HF directory)",
     "report_to": "report_to is run.tensorboard",
     "lora": "LoRA (model.lora.r, alpha, dropout, target_modules) is not built yet",
@@ -627,5 +675,5 @@ def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
 
 __all__ = ["TrainConfig", "RunConfig", "WandbConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
            "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",
-           "DispatchConfig", "SFTConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
+           "DispatchConfig", "SFTConfig", "EvalConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
            "build_train_config", "ConfigError"]

@@ -204,6 +204,29 @@ def step_curves(events: list[dict], metrics: list[dict], field: str, fallback: s
     return {"step": [m["step"] for m in rows], "mean": [float(m[fallback]) for m in rows], "low": [], "high": []}
 
 
+def eval_curves(metrics: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """The held-out evaluations of a run (metrics rows with `eval`, eval.every): per series
+    ("greedy", "sampled": mean reward; "pass@k") {"step": [...], "value": [...]}, at the step whose
+    weights were evaluated. A run without evaluation gives {}."""
+    out: dict[str, dict[str, list[float]]] = {}
+    by_step = {m["step"]: m["eval"] for m in metrics if isinstance(m.get("eval"), dict)}  # a replayed step once
+    for step in sorted(by_step):
+        e = by_step[step]
+        points = [(mode, e[mode].get("reward_mean")) for mode in ("greedy", "sampled") if isinstance(e.get(mode), dict)]
+        points += [(k, v) for k, v in e.items() if k.startswith("pass@")]
+        for name, value in points:
+            if isinstance(value, (int, float)):
+                series = out.setdefault(name, {"step": [], "value": []})
+                series["step"].append(step)
+                series["value"].append(float(value))
+    return out
+
+
+EVAL_HEADER = {"greedy": "greedy: mean reward", "sampled": "sampled: mean reward"}
+EVAL_STYLE = {"greedy": ("#DD8452", "o", "held-out eval, greedy: mean reward"),
+              "sampled": ("#55A868", "s", "held-out eval, sampled: mean reward")}
+
+
 def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[str, Path]:
     """Reward and response length per step; a log with neither (a simulation has no rewards) draws none."""
     plt = _plt()
@@ -216,7 +239,13 @@ def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[st
         if not curve["step"]:
             continue
         fig, ax = plt.subplots(figsize=(10, 3.0))
-        ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="mean")
+        evals = eval_curves(metrics) if name == "reward" else {}  # held-out evaluation next to training's reward
+        ax.plot(curve["step"], curve["mean"], lw=1.4, color=color, label="training: mean" if evals else "mean")
+        if evals:
+            for mode, series in evals.items():
+                if mode in EVAL_STYLE:
+                    c, marker, label = EVAL_STYLE[mode]
+                    ax.plot(series["step"], series["value"], lw=1.2, color=c, marker=marker, ms=4, label=label)
         if curve["low"]:
             ax.fill_between(curve["step"], curve["low"], curve["high"], color=color, alpha=0.25, lw=0,
                             label=band_label)
@@ -250,6 +279,15 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
     esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
     summary_rows = "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td>{esc(v)}</td></tr>"
                            for k, v in run_summary(run["events"], run["metrics"]))
+    evals = eval_curves(run["metrics"])
+    eval_steps = sorted({k for series in evals.values() for k in series["step"]})
+    eval_rows = "".join(
+        f"<tr><td>{esc(k)}</td>" + "".join(
+            f"<td>{esc(_num(dict(zip(s['step'], s['value'])).get(k)))}</td>" for s in evals.values()) + "</tr>"
+        for k in eval_steps)
+    eval_head = "".join(f"<th>{esc(EVAL_HEADER.get(name, name))}</th>" for name in evals)
+    eval_table = (f"<h2>held-out evaluation</h2><table border=1 cellpadding=3 id='eval'><tr><th>after step</th>"
+                  f"{eval_head}</tr>{eval_rows}</table>") if evals else ""
     simulated = "".join(f"<tr><td>{esc(k)}</td><td>{esc(_value(v))}</td></tr>"
                         for k, v in run["summary"].items() if k not in ("resizes", "joins"))
     decisions = [e for e in run["events"] if e.get("kind") == "decision" and e.get("what") == "resize"
@@ -264,6 +302,7 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
             f"{html.escape(run_dir.name)}</title></head><body style='font-family:sans-serif'>"
             f"<h1>{html.escape(str(run_dir))}</h1>"
             f"<h2>summary</h2><table border=1 cellpadding=3 id='summary'>{summary_rows}</table>"
+            + eval_table
             + (f"<h2>simulator summary</h2><table border=1 cellpadding=3>{simulated}</table>" if simulated else "")
             + f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>before step</th>"
             f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"

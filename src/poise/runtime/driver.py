@@ -40,6 +40,7 @@ from poise.rewards.scorer import PendingRewards, RewardResult, RewardScorer, log
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.runtime import faults
+from poise.runtime.evaluation import RolloutEvaluation
 from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize, prewarm_rank_sets
 from poise.runtime.scale import ScaleOut, scale_rank_sets
@@ -235,6 +236,7 @@ class Driver:
         self.recoveries = 0
         self.dynamic: dict[int, DynamicStep] = {}  # dynamic sampling: each generated step's slots, until logged
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
+        self.evaluation = RolloutEvaluation.of(cfg, source)  # eval.every: held-out problems between steps
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -252,8 +254,10 @@ class Driver:
                     log, step, "step", lambda: self.train_step(log, step, problems))
                 t_end = self.now()
                 check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
+                evals = self.survive(log, step, "eval", lambda: self.evaluation.after_step(self.rt, step, self.version)
+                                     ) if self.evaluation is not None else {}  # eval/...: held-out, on rollout devices
                 row = self.log_step(log, step, problems, scored, stats, micro, updates,
-                                    (t_start, t_gen, t_train, t_end), sync_s)
+                                    (t_start, t_gen, t_train, t_end), sync_s, evals)
                 rows.append(row)
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
@@ -595,7 +599,8 @@ class Driver:
 
     # --- the log -------------------------------------------------------------------------------
     def log_step(self, log: RunLog, step: int, problems: list[Problem], scored, stats: dict, micro: list[dict],
-                 updates: list[dict], times: tuple[float, float, float, float], sync_s: float) -> dict:
+                 updates: list[dict], times: tuple[float, float, float, float], sync_s: float,
+                 evals: dict | None = None) -> dict:
         """Events and the metrics row of step `step`: its own samples (each with its own finish time
         and instance), its generation intervals (in async, run during the step before) and its
         training intervals."""
@@ -638,6 +643,7 @@ class Driver:
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
                   train_s=t_train - t_gen, sync_s=sync_s, reward_mean=row["reward_mean"],
                   tokens=row["tokens"], split=row["split"], mode=self.cfg.pipeline.mode)
+        row.update(evals or {})  # eval/...: the held-out metrics of this step's weights
         log.metrics(row)
         return row
 

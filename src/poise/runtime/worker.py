@@ -228,6 +228,15 @@ class Device(FileEndpoint):
         self.version = version
         return seconds
 
+    def evaluate(self, greedy: list, sampled: list, rollout, sampling) -> list:
+        """Held-out responses (poise.evaluation) under the weights this rollout device holds, on
+        engines of their own over the same modules, while its engine loop waits between two steps:
+        the rollout engine's slots, queue and weights version stay as they were."""
+        from poise.evaluation.engine import generate_heldout
+
+        return self.loop.with_engine(lambda engine: generate_heldout(
+            engine.model, rollout, sampling, engine.seed, engine.eos_id, engine.version, greedy, sampled))
+
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
                         ranks: list[int] | None = None) -> str:
         """`extra`: more files for the checkpoint (an async run's next samples); `ranks`

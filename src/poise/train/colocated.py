@@ -60,6 +60,11 @@ class ColocatedLoop:
         self.engine = Engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
                              cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
+        self.heldout = None  # eval.every: held-out problems, evaluated between steps (poise.evaluation)
+        if cfg.eval.every:
+            from poise.evaluation.heldout import HeldOut
+
+            self.heldout = HeldOut(cfg.eval, cfg.data, cfg.model, cfg.run.seed, self.steps.rewards)
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -128,6 +133,15 @@ class ColocatedLoop:
         self.state = TrainState(self.state.step + 1, self.state.weights_version + 1)
         return stats
 
+    def evaluate(self, step: int) -> dict:
+        """Held-out metrics of the weights step `step` made (eval.every, and the last step); {} otherwise."""
+        if self.heldout is None or not self.heldout.due(step, self.cfg.run.steps):
+            return {}
+        from poise.evaluation.engine import evaluate_model
+
+        return evaluate_model(self.heldout, self.model, self.cfg.model, self.cfg.rollout, self.cfg.algorithm.sampling,
+                              self.cfg.run.seed, self.tokenizer.eos_id, self.state.weights_version)
+
     # --- the loop ------------------------------------------------------------------------------
     def run_step(self, step: int, log: RunLog) -> dict:
         t_start = self.now()
@@ -155,6 +169,7 @@ class ColocatedLoop:
         log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)
         log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics,
                         self.cfg.run.log_tokens, self.t0, rewards)
+        metrics.update(self.evaluate(step))  # eval/... on the step's row, when eval.every says so
         log.metrics(metrics)
         return metrics
 
