@@ -70,6 +70,8 @@ def check_before_work(cfg: TrainConfig) -> None:
                          "run.tensorboard=false")
     if cfg.run.wandb is not None and importlib.util.find_spec("wandb") is None:
         raise PoiseError("run.wandb needs the wandb package; pip install 'poise[wandb]', or drop run.wandb")
+    if cfg.model.lora is not None and importlib.util.find_spec("peft") is None:
+        raise PoiseError("model.lora needs the peft package; pip install 'poise[lora]', or drop model.lora")
     if cfg.cluster.compute == "real":
         from poise.train.setup import check_device
 
