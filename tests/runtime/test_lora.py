@@ -10,6 +10,7 @@ the adapter's optimizer state alone.
 """
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from poise.config import load_train_config
@@ -62,3 +63,18 @@ def test_lora_bitwise_equal_across_splits_and_a_live_resize(ray_session, tmp_pat
     # not the model's
     (event,) = [e for e in resized.events if e["kind"] == "resize"]
     assert event["optimizer_bytes"] == 2 * 4 * (len(sizes) + 2 * sum(sizes.values())), event
+
+
+def test_lora_bfloat16_equals_the_bfloat16_colocated_loop(ray_session, tmp_path, warm_start, read_run):
+    """model.dtype=bfloat16: a bf16 adapter on the bf16 base, its fp32 master in the optimizer state
+    beside the moments; the promise holds within the dtype, with the optimizer sharded."""
+    bf16 = "model.dtype=bfloat16"
+    ref = _run(train_colocated, tmp_path / "colocated", warm_start, read_run, "pipeline.mode=colocated", bf16)
+    _assert_adapter_moved(ref)
+    got = _run(train_disaggregated, tmp_path / "sync-1-3-sharded", warm_start, read_run, "run.verify_sync=true",
+               "pipeline.mode=sync", "cluster.split=[1,3]", "cluster.shard=optimizer", bf16)
+    got.assert_bitwise_equal(ref, "LoRA bf16: sync 1+3 sharded vs colocated")
+    state = load_file(str(got.checkpoint(STEPS) / "optimizer.safetensors"))
+    masters = [k for k in state if k.endswith("::master")]
+    assert masters and all(state[k].dtype == torch.float32 for k in masters)
+    assert {t.dtype for t in load_file(str(got.checkpoint(STEPS) / "model.safetensors")).values()} == {torch.bfloat16}
