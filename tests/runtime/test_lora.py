@@ -1,5 +1,6 @@
-"""LoRA keeps the bitwise promise: colocated = sync 1+3 with the optimizer sharded over its three
-train devices = sync 3+1 resized live to 1+3 after step 0 (the joiners' optimizer state streams in).
+"""LoRA keeps the bitwise promise: colocated = sync 3+1 resized live to 1+3 after step 0 (the
+joiners' optimizer state streams in); in bfloat16, colocated = sync 1+3 with the optimizer sharded
+over its three train devices (the adapter's fp32 masters and moments split among owners).
 
 From the session's SFT warm start (rewards differ within groups), so the adapter moves every step
 (asserted: B leaves zero at step 0, A moves from step 1 on, and every checkpoint's adapter differs
@@ -52,9 +53,6 @@ def _assert_adapter_moved(record) -> dict[str, int]:
 def test_lora_bitwise_equal_across_splits_and_a_live_resize(ray_session, tmp_path, warm_start, read_run):
     ref = _run(train_colocated, tmp_path / "colocated", warm_start, read_run, "pipeline.mode=colocated")
     sizes = _assert_adapter_moved(ref)
-    sharded = _run(train_disaggregated, tmp_path / "sync-1-3-sharded", warm_start, read_run, "run.verify_sync=true",
-                   "pipeline.mode=sync", "cluster.split=[1,3]", "cluster.shard=optimizer")
-    sharded.assert_bitwise_equal(ref, "LoRA: sync 1+3 sharded vs colocated")
     resized = _run(train_disaggregated, tmp_path / "sync-3-1-resized", warm_start, read_run, "run.verify_sync=true",
                    "pipeline.mode=sync", "cluster.split=[3,1]", "resize.schedule=[{at_step: 1, split: [1, 3]}]")
     assert [r["split"] for r in resized.rows] == [[3, 1], [1, 3]]
