@@ -99,3 +99,12 @@ def test_lora_export_writes_merged_weights(straight, tmp_path, warm_start):
     start = AutoModelForCausalLM.from_pretrained(str(warm_start.path), local_files_only=True).eval()
     with torch.no_grad():
         assert (start(ids).logits - got).abs().max() > 1e-4
+
+
+def test_a_lora_checkpoint_is_not_taken_for_a_model(straight):
+    """A checkpoint's model.safetensors holds the adapter alone: loading it as a model says so."""
+    from poise.errors import PoiseError
+    from poise.model.loading import load_model
+
+    with pytest.raises(PoiseError, match="holds a LoRA adapter .* `poise export"):
+        load_model(straight.checkpoint(STEPS))

@@ -98,6 +98,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     tied = _tied_aliases(model)
     headers = [(file, _safetensors_header(file)) for file in files]
     stored = {name for _, header in headers for name in header}
+    adapter = next((name for name in sorted(stored) if ".lora_A." in name or ".lora_B." in name), None)
+    if adapter is not None:  # a LoRA run's checkpoint (train/lora.py)
+        raise PoiseError(f"'{path}' holds a LoRA adapter ('{adapter}'), not a whole model; `poise export RUN_DIR "
+                         "--out DIR` merges a run's adapter into its base model")
     missing = sorted(set(params) - stored - tied)
     if missing:
         raise PoiseError(f"cannot load model from '{path}': its safetensors hold no '{missing[0]}'"
