@@ -2,7 +2,7 @@
 merged weights that transformers loads with the trainer's merged model's logits.
 
 From the session's SFT warm start, so the adapter moves every step. The merge is checked against
-peft's own (`merge_and_unload`), bit for bit in float32, and the exported model's logits against
+peft's own (each LoRA layer's `merge()`), bit for bit in float32, and the exported model's logits against
 the unmerged adapter's (equal up to float rounding: merging reassociates the sum).
 """
 
