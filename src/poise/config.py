@@ -106,6 +106,36 @@ class TinyModelConfig:
               f"must divide num_heads ({self.num_heads})")
 
 
+# The linear projections of a decoder layer of every family the engine runs (Llama, Qwen2, Qwen3,
+# Mistral): the modules LoRA may adapt (the engine applies an adapter on these alone).
+LORA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (via peft) on the decoder layers' projections: the base weights stay frozen,
+    only the adapters train (their AdamW state is all the optimizer holds)."""
+
+    r: int = help_field(8, "adapter rank")
+    alpha: float = help_field(16.0, "scale numerator: an adapter adds alpha / r * B @ A to its projection")
+    dropout: float = help_field(0.0, "dropout on the adapter's input while training; > 0 needs determinism: "
+                                     "semantic (its randomness is not a function of the sample id)")
+    target_modules: tuple[str, ...] = help_field(LORA_PROJECTIONS, "the projections to adapt, by name, in every "
+                                                                   "decoder layer")
+
+    def __post_init__(self) -> None:
+        check(self.r >= 1, "r", self.r, "must be >= 1")
+        check(self.alpha > 0, "alpha", self.alpha, "must be > 0 (the adapter's scale is alpha / r)")
+        check(0 <= self.dropout < 1, "dropout", self.dropout, "must be in [0, 1)")
+        check(len(self.target_modules) >= 1, "target_modules", list(self.target_modules),
+              f"must name at least one of the model's projections: {', '.join(LORA_PROJECTIONS)}")
+        for name in self.target_modules:
+            check(name in LORA_PROJECTIONS, "target_modules", name,
+                  f"is not a projection of the model's decoder layers; choose from {', '.join(LORA_PROJECTIONS)}")
+        check(len(set(self.target_modules)) == len(self.target_modules), "target_modules",
+              list(self.target_modules), "names a module twice")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str | None = help_field(None, "local HF checkpoint directory (config.json + safetensors); "
@@ -117,6 +147,9 @@ class ModelConfig:
                    "bfloat16 keeps fp32 master weights and AdamW state, starting from the weights rounded to "
                    "bfloat16; bitwise holds within one dtype")
     sft: SFTConfig = help_factory(SFTConfig, "the warm start used by sft_if_missing and `poise sft`")
+    lora: LoraConfig | None = help_field(None, "train LoRA adapters instead of every weight: {r, alpha, dropout, "
+                                               "target_modules}; null = full fine-tuning (needs the peft package: "
+                                               "pip install 'poise[lora]')")
 
     def __post_init__(self) -> None:
         problem = None if self.path is None else model_dir_problem(self.path)
@@ -549,6 +582,10 @@ class TrainConfig:
         check(not self.algorithm.dynamic_sampling or self.cluster.compute == "real", "algorithm.dynamic_sampling",
               True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
         self._check_eval()
+        lora = self.model.lora
+        check(lora is None or lora.dropout == 0 or self.determinism == "semantic", "model.lora.dropout",
+              lora and lora.dropout, "draws from torch's global generator, not from the sample id: bitwise needs 0 "
+              "(or set determinism: semantic)")
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
@@ -646,12 +683,12 @@ FOREIGN_KEYS = {
     "test_freq": "verl's test_freq is eval.every",
     "model_name_or_path": "model_name_or_path is model.path (a local HF directory)",
     "report_to": "report_to is run.tensorboard",
-    "lora": "LoRA (model.lora.r, alpha, dropout, target_modules) is not built yet",
-    "lora_r": "TRL's lora_r would be model.lora.r; LoRA is not built yet",
-    "lora_alpha": "TRL's lora_alpha would be model.lora.alpha; LoRA is not built yet",
-    "lora_dropout": "TRL's lora_dropout would be model.lora.dropout; LoRA is not built yet",
-    "lora_target_modules": "TRL's lora_target_modules would be model.lora.target_modules; LoRA is not built yet",
-    "use_peft": "LoRA (model.lora) is not built yet",
+    "lora": "LoRA is model.lora: {r, alpha, dropout, target_modules}",
+    "lora_r": "TRL's lora_r is model.lora.r",
+    "lora_alpha": "TRL's lora_alpha is model.lora.alpha",
+    "lora_dropout": "TRL's lora_dropout is model.lora.dropout",
+    "lora_target_modules": "TRL's lora_target_modules is model.lora.target_modules",
+    "use_peft": "LoRA is model.lora: {r, alpha, dropout, target_modules}",
 }
 
 
@@ -675,5 +712,5 @@ def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
 
 __all__ = ["TrainConfig", "RunConfig", "WandbConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
            "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",
-           "DispatchConfig", "SFTConfig", "EvalConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
+           "DispatchConfig", "SFTConfig", "EvalConfig", "LoraConfig", "RewardConfig", "RewardFunctionConfig", "LOSS_PRESETS", "load_train_config",
            "build_train_config", "ConfigError"]

@@ -50,7 +50,7 @@ def test_train_help_points_to_poise_config():
     ("algorithm.beta=0.04", "algorithm.kl_coef"),
     ("algorithm.num_generations=8", "algorithm.group_size"),
     ("algorithm.learning_rate=1e-6", "algorithm.lr"),
-    ("model.lora_r=8", "model.lora.r; LoRA is not built yet"),
+    ("model.lora_r=8", "TRL's lora_r is model.lora.r"),
     ("beta=0.04", "algorithm.kl_coef"),  # at the top level too
     ("algorithm.temperature=0.7", "algorithm.sampling.temperature"),
 ])

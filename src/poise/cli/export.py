@@ -1,5 +1,9 @@
 """`poise export RUN_DIR [--step N] --out DIR`: a checkpoint as an HF model directory.
 
+A LoRA run's checkpoint holds the adapter: the export merges it into the run's base weights
+(train/lora.py `merged_state`: W0 + alpha / r * B @ A in float32, rounded once to the model's
+dtype), so the directory is a plain model of the base's family.
+
 The directory holds `config.json`, `model.safetensors` and the run's tokenizer (the built-in char
 tokenizer's marker file, or an HF tokenizer's files), so `AutoModelForCausalLM.from_pretrained(DIR)`
 loads it and `poise train model.path=DIR data.tokenizer=model` continues from it.
@@ -50,8 +54,11 @@ def run(args: argparse.Namespace) -> int:
     staging = out.parent / f".{out.name}.partial"  # a failed export leaves no half-written --out
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for name in WEIGHT_FILES:
-        shutil.copyfile(source / name, staging / name)
+    if cfg.model.lora is None:
+        for name in WEIGHT_FILES:
+            shutil.copyfile(source / name, staging / name)
+    else:
+        _write_merged(cfg, tokenizer, source, staging)
     save = getattr(tokenizer, "save", None)
     if save is not None:
         save(staging)
@@ -63,3 +70,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"poise: {source.name} of {run_dir} exported to {out} (load it with "
           f"AutoModelForCausalLM.from_pretrained('{out}'))", file=sys.stderr)
     return 0
+
+
+def _write_merged(cfg, tokenizer, source: Path, out: Path) -> None:
+    """The run's base model with checkpoint `source`'s adapter merged, as an HF directory."""
+    import torch
+
+    from poise.model.loading import save_hf_weights
+    from poise.train.checkpoint import load_weights
+    from poise.train.lora import merged_state
+    from poise.train.setup import make_policy
+
+    model = make_policy(cfg, tokenizer, "cpu", getattr(torch, cfg.model.dtype), progress=False)
+    load_weights(source, model)
+    save_hf_weights(model, out, merged_state(model))

@@ -98,6 +98,10 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     tied = _tied_aliases(model)
     headers = [(file, _safetensors_header(file)) for file in files]
     stored = {name for _, header in headers for name in header}
+    adapter = next((name for name in sorted(stored) if ".lora_A." in name or ".lora_B." in name), None)
+    if adapter is not None:  # a LoRA run's checkpoint (train/lora.py)
+        raise PoiseError(f"'{path}' holds a LoRA adapter ('{adapter}'), not a whole model; `poise export RUN_DIR "
+                         "--out DIR` merges a run's adapter into its base model")
     missing = sorted(set(params) - stored - tied)
     if missing:
         raise PoiseError(f"cannot load model from '{path}': its safetensors hold no '{missing[0]}'"
@@ -211,12 +215,13 @@ def _rebuild_buffers(model: torch.nn.Module, device: torch.device, dtype: torch.
             module._buffers[key] = value.to(device, dtype if value.is_floating_point() else value.dtype)
 
 
-def save_hf_weights(model: torch.nn.Module, path: str | Path) -> None:
+def save_hf_weights(model: torch.nn.Module, path: str | Path, tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Write `config.json` + `model.safetensors`, loadable by `from_pretrained`.
 
     Not `save_pretrained`: inside an initialised torch.distributed world, transformers 5 writes
     only on rank 0 (`should_save_on_this_rank`), and a train leader is rarely rank 0. Tied weights
     are written once (named_parameters yields a tied tensor under its first name), as HF does.
+    `tensors`: the weights to write, by name (default: every named parameter).
     """
     from safetensors.torch import save_file
 
@@ -224,7 +229,8 @@ def save_hf_weights(model: torch.nn.Module, path: str | Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     model.config.name_or_path = ""  # keep run-specific paths out of the bytes
     model.config.to_json_file(str(path / "config.json"), use_diff=True)
-    tensors = {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters()}
+    tensors = model.named_parameters() if tensors is None else tensors.items()
+    tensors = {name: p.detach().to("cpu").contiguous() for name, p in tensors}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import CacheShape, KVCache
 from poise.rollout.transfer import to_device
+from poise.train.lora import lora_parts
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE
@@ -246,6 +247,25 @@ class _Norm:
         self.eps = getattr(module, "variance_epsilon", None)
 
 
+def _projection(module: torch.nn.Module) -> tuple:
+    """(weight, bias, adapter) of a projection: adapter = (A [r, in], B [out, r], scaling) of a
+    LoRA layer (peft's, train/lora.py; its weight and bias are the frozen base layer's), else None."""
+    lora = lora_parts(module)
+    base = module.base_layer if lora is not None else module
+    return base.weight, base.bias, lora
+
+
+def _linear(x: torch.Tensor, projection: tuple) -> torch.Tensor:
+    """A projection of x [N, in]: W x + b, plus scaling * B (A x) under LoRA (peft's LoRA layer
+    formula, adapter unmerged: the canonical form every device computes)."""
+    weight, bias, lora = projection
+    y = F.linear(x, weight, bias)
+    if lora is None:
+        return y
+    a, b, scaling = lora
+    return y + F.linear(F.linear(x, a), b) * scaling
+
+
 class _Layer:
     """A decoder layer's parameters, looked up once (a module attribute is a dict walk per
     access, ~80 of them per step): the Parameter objects themselves, which load_weights, the
@@ -255,9 +275,9 @@ class _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         self.attn = attn
         self.norm_in, self.norm_post = _Norm(layer.input_layernorm), _Norm(layer.post_attention_layernorm)
-        self.q, self.k, self.v, self.o = ((m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
-                                                                      attn.o_proj))
-        self.gate, self.up, self.down = ((m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.q, self.k, self.v, self.o = (_projection(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
+                                                                   attn.o_proj))
+        self.gate, self.up, self.down = (_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
         self.act = mlp.act_fn
 
 
@@ -397,9 +417,9 @@ class DecoderRunner:
         for index, layer in enumerate(self._layers):
             h = self._norm(layer.norm_in, x)
             # the modules' own math, called as functions (a module call costs more than these ops)
-            q = F.linear(h, *layer.q).view(n, heads, self.head_dim)
-            k = F.linear(h, *layer.k).view(n, self.num_kv_heads, self.head_dim)
-            v = F.linear(h, *layer.v).view(n, self.num_kv_heads, self.head_dim)
+            q = _linear(h, layer.q).view(n, heads, self.head_dim)
+            k = _linear(h, layer.k).view(n, self.num_kv_heads, self.head_dim)
+            v = _linear(h, layer.v).view(n, self.num_kv_heads, self.head_dim)
             if self.qk_norm:
                 q, k = layer.attn.q_norm(q), layer.attn.k_norm(k)
             qk = torch.cat((q, k), dim=1)  # RoPE on queries and keys at once, elementwise as HF's
@@ -416,9 +436,9 @@ class DecoderRunner:
             if pad:
                 parts.append(q.new_zeros((pad, self.num_heads * self.head_dim)))
             attn_out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-            x = x + F.linear(attn_out, *layer.o)
+            x = x + _linear(attn_out, layer.o)
             h = self._norm(layer.norm_post, x)  # HF's gated MLP: down(act(gate(h)) * up(h))
-            x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up), *layer.down)
+            x = x + _linear(layer.act(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
 
         rows, end = list(range(n_decode)), n_decode
         for length in seg_lengths:

@@ -26,6 +26,7 @@ from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
                                     save_checkpoint)
+from poise.train.lora import trained_parameters
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
 from poise.train.sharding import element_bounds, owner_runs
 from poise.train.trainer import PolicyTrainer, param_views
@@ -611,8 +612,9 @@ class BroadcastSync:
         return time.time() - start
 
     def _buckets(self, bucket_mb: float):
-        """Consecutive runs of named parameters of at most `bucket_mb` (one parameter at least)."""
-        named = list(self.model.named_parameters())
+        """Consecutive runs of named parameters of at most `bucket_mb` (one parameter at least):
+        what training changes (train/lora.py `trained_parameters`: the adapter alone under LoRA)."""
+        named = trained_parameters(self.model)
         limit = max(1, int(bucket_mb * 2**20) // 4)
         first = 0
         while first < len(named):

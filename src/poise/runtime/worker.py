@@ -368,6 +368,10 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
     model = _initial_policy(spec, tokenizer, device, dtype)
+    if spec.model.lora is not None:  # every device: the engine applies the adapter too
+        from poise.train.lora import attach_adapter
+
+        attach_adapter(model, spec.model.lora, spec.seed)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
         bitwise_cuda(device, model.config.model_type)
     ref = None

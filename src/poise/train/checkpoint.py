@@ -1,7 +1,8 @@
 """Checkpoints: HF-format safetensors weights, optimizer state, RNG state and data cursor.
 
 RUN_DIR/checkpoints/step_XXXXXX/ holds `config.json` + `model.safetensors` (loadable by
-transformers), `optimizer.safetensors` (AdamW moments by parameter name) and `state.json`
+transformers; under `model.lora` it holds the adapter alone, by its peft names, and `poise export`
+merges it into the base), `optimizer.safetensors` (AdamW moments by parameter name) and `state.json`
 (completed steps = data cursor, weights version, torch RNG, and the sizes of the other three
 files). Nothing time- or path-dependent is written, so two runs with the same seed write
 byte-identical checkpoints.
@@ -110,9 +111,10 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     with the others. `optimizer_entries`: the optimizer state as entries (sharded: most of them
     arrive from their owners as the file is written); default: `optimizer`'s own."""
     from poise.model.loading import save_hf_weights
+    from poise.train.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
-    save_hf_weights(model, tmp)
+    save_hf_weights(model, tmp, dict(trained_parameters(model)))  # under LoRA: the adapter
     _test_kill("model", state.step)
     if optimizer_entries is None:
         optimizer_entries = optimizer_entries_of(model, optimizer)
@@ -348,17 +350,27 @@ def check_finite(step: int, stats: dict, run_dir: str | Path) -> None:
                          f"the run stopped before saving it; {where}")
 
 
+def load_weights(path: Path, model: torch.nn.Module) -> None:
+    """Restore a checkpoint's weights into `model` in place: every parameter that training changes
+    (under LoRA the adapter; the frozen base is the run's initial one) must be there."""
+    from poise.train.lora import trained_parameters
+
+    weights = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    trained = {name for name, _ in trained_parameters(model)}
+    tied = {n for n in missing if n == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
+    missing = (set(missing) & trained) - tied
+    if missing or unexpected:
+        raise PoiseError(f"checkpoint '{path}' does not match the model: missing {sorted(missing)}, "
+                         f"unexpected {sorted(unexpected)}")
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     owned: set[str] | None = None) -> TrainState:
     """Restore weights, optimizer moments and RNG in place; returns the saved TrainState.
     `owned`: the parameters whose optimizer state this process takes (sharded, or none on a device
     that does not train); default: every parameter's. Only those tensors are read."""
-    weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    tied = {n for n in missing if n == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise PoiseError(f"checkpoint '{path}' does not match the model: missing {sorted(set(missing) - tied)}, "
-                         f"unexpected {sorted(unexpected)}")
+    load_weights(path, model)
     from safetensors import safe_open
 
     params = dict(model.named_parameters())

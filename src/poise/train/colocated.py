@@ -30,7 +30,7 @@ from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, la
                                     prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
-from poise.train.setup import compute_dtype, make_model, pin_threads, run_device
+from poise.train.setup import compute_dtype, make_model, make_policy, pin_threads, run_device
 from poise.train.trainer import PolicyTrainer
 from poise.types import Request, SampleId
 
@@ -47,7 +47,7 @@ class ColocatedLoop:
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
         self.tokenizer = self.steps.tokenizer
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
-        self.model = make_model(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
+        self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None

@@ -105,3 +105,14 @@ def make_model(cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device | st
     if m.sft_if_missing and not Path(m.path, "config.json").is_file():
         run_sft(m, cfg.data, Path(m.path), progress=progress)
     return load_model(m.path, dtype, device)
+
+
+def make_policy(cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32, progress: bool = True) -> torch.nn.Module:
+    """`make_model`, with the LoRA adapter of `model.lora` attached (train/lora.py)."""
+    model = make_model(cfg, tokenizer, device, dtype, progress)
+    if cfg.model.lora is not None:
+        from poise.train.lora import attach_adapter
+
+        attach_adapter(model, cfg.model.lora, cfg.run.seed)
+    return model
