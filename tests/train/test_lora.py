@@ -40,8 +40,20 @@ def _digest(path) -> str:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory, warm_start, read_run):
     path = tmp_path_factory.mktemp("lora") / "straight"
-    train_colocated(load_train_config(None, [*RUN, *warm_start.overrides, f"run.dir={path}", f"run.steps={STEPS}"]))
+    train_colocated(load_train_config(None, [*RUN, *warm_start.overrides, f"run.dir={path}", f"run.steps={STEPS}",
+                                             f"eval.every={STEPS}", "eval.problems=4", "eval.k=2"]))
     return read_run(path)
+
+
+def test_poise_eval_of_a_lora_run_gives_its_rows_numbers(straight, tmp_path):
+    """`poise eval RUN_DIR` builds the run's base, attaches its adapter and loads the checkpoint's."""
+    import json
+
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(straight.run_dir), "--out", str(out)]) == 0
+    got, row = json.loads(out.read_text())["eval"], straight.rows[-1]["eval"]
+    got.pop("seconds"), row.pop("seconds")
+    assert got == row and got["version"] == STEPS
 
 
 def test_lora_resume_continues_byte_identical(straight, tmp_path, warm_start, read_run):

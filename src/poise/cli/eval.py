@@ -95,7 +95,15 @@ def run(args: argparse.Namespace) -> int:
                 Path(staging.name, name).symlink_to(Path(weights, name).resolve())
             model_dir = Path(staging.name)
         heldout = HeldOut(cfg.eval, cfg.data, cfg.model, cfg.run.seed, rewards, problems)
-        model = load_model(model_dir, compute_dtype(cfg.model.dtype, cfg.cluster.device), device)
+        dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
+        if is_run and cfg.model.lora is not None:  # the checkpoint holds the adapter: the run's base plus it
+            from poise.train.checkpoint import load_weights
+            from poise.train.setup import make_policy
+
+            model = make_policy(cfg, heldout.steps.tokenizer, device, dtype, progress=False)
+            load_weights(weights, model)
+        else:
+            model = load_model(model_dir, dtype, device)
         with torch.no_grad():
             metrics = evaluate_model(heldout, model, cfg.model, cfg.rollout, cfg.algorithm.sampling, cfg.run.seed,
                                      heldout.steps.tokenizer.eos_id, version)["eval"]
