@@ -6,8 +6,8 @@
 Each cell is one `poise train configs/demo.yaml run.seed=S run.steps=N <overrides>` in its own
 process (the warm start present: it is made once, before the first cell). Cells run seed by seed,
 the variants interleaved inside each seed, so the machine's noise falls on every variant alike.
-Gain = mean reward of the last 5 steps minus the first 5; extra columns come from metrics.jsonl
-where a variant logs them (dynamic sampling's dropped groups and extra generation).
+Gain = mean reward of the last 5 steps minus the first 5 (with dynamic sampling: of every group
+generated, dropped ones too), with its dropped groups, drop rate and extra generation.
 Writes bench-results/losses-<timestamp>.json.
 """
 
@@ -43,10 +43,16 @@ def run_cell(overrides: list[str], seed: int, steps: int, out: Path) -> dict:
     reward = [r["reward_mean"] for r in rows]
     cell = {"seed": seed, "wall_s": wall, "first5": statistics.fmean(reward[:5]), "last5": statistics.fmean(reward[-5:])}
     cell["gain"] = cell["last5"] - cell["first5"]
-    for key in ("dynamic/dropped_groups", "dynamic/extra_samples"):
-        if key in rows[0]:
+    if "dynamic/reward_mean_generated" in rows[0]:
+        # dynamic sampling trains only groups whose rewards differ, so reward_mean (over the groups
+        # trained) is not the policy's reward: the gain column uses the mean over every group generated
+        generated = [r["dynamic/reward_mean_generated"] for r in rows]
+        cell["trained_gain"] = cell["gain"]
+        cell["first5"], cell["last5"] = statistics.fmean(generated[:5]), statistics.fmean(generated[-5:])
+        cell["gain"] = cell["last5"] - cell["first5"]
+        for key in ("dynamic/dropped_groups", "dynamic/draws", "dynamic/extra_samples", "dynamic/unfilled"):
             cell[key] = sum(r[key] for r in rows)
-    cell["samples"] = sum(r.get("samples", 0) for r in rows)
+        cell["drop_rate"] = cell["dynamic/dropped_groups"] / cell["dynamic/draws"]
     return cell
 
 
@@ -76,6 +82,10 @@ def main() -> None:
                          "mean_wall_s": statistics.fmean(c["wall_s"] for c in runs), "cells": runs}
         print(f"{name:<12} {' '.join(f'{g:+.3f}' for g in gains):<26} {summary[name]['mean_gain']:>+9.3f} "
               f"{summary[name]['mean_wall_s']:>11.0f}  {variants[name]}")
+        if "drop_rate" in runs[0]:
+            rates = ", ".join(f"{c['drop_rate']:.1%}" for c in runs)
+            extra = ", ".join(str(c["dynamic/extra_samples"]) for c in runs)
+            print(f"{'':<12} dynamic sampling: drop rate {rates}; extra samples generated {extra}")
     write_results("losses", {"args": vars(args), "variants": summary})
 
 
