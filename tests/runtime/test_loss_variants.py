@@ -1,5 +1,5 @@
-"""The GRPO family's knobs keep the bitwise promise: colocated = sync 2+2 (two rollout and two train
-devices: the split that exercises both sides; every split is compared for default GRPO in
+"""The GRPO family's knobs keep the bitwise promise: colocated = sync 1+3 = 3+1 (one train device
+holding every micro-batch, and three splitting them; every split is compared for default GRPO in
 test_runtime.py).
 
 Each variant sets knobs off their defaults on every path that could diverge across splits: the
@@ -51,7 +51,7 @@ def test_loss_variant_bitwise_equal_across_splits(ray_session, tmp_path, warm_st
     # the knobs change the training: the first update differs from default GRPO's
     first = ref.checkpoint_steps()[0]
     assert ref.digest(first, "model.safetensors") != default.digest(first, "model.safetensors"), variant
-    for split in [(2, 2)]:
+    for split in [(1, 3), (3, 1)]:
         got = _run(train_disaggregated, tmp_path / f"sync-{split[0]}-{split[1]}", warm_start, read_run,
                    "run.verify_sync=true", "pipeline.mode=sync", f"cluster.split=[{split[0]},{split[1]}]", *knobs)
         got.assert_learned(warm_start)
