@@ -204,6 +204,8 @@ class Engine:
             self.noise, self._noise_released = None, True
         if self.runner.device.type == "cuda":  # hand the blocks back to the device, not just to torch's pool
             torch.cuda.empty_cache()
+        else:  # and on the host to the OS: glibc may keep freed pages in its arenas after a long process life
+            _trim_host_heap()
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -581,3 +583,18 @@ class Engine:
         staged = [tensor.to(device=target.device, dtype=target.dtype) for target, tensor in bucket]
         for (target, _), tensor in zip(bucket, staged):
             target.copy_(tensor)
+
+
+def _trim_host_heap() -> None:
+    """glibc's malloc_trim(0): return free heap pages to the OS (a no-op elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
