@@ -104,10 +104,9 @@ class StreamGenerationService:
             for r in requests:
                 self.instance_of[r.sample_id] = inst.device
             inst.worker.submit.remote(requests, self._caps.get(inst.device, self.num_slots))
-            if inst.taking:  # the actor runs calls in order: that take reports counts from before this submit
-                inst.unseen += len(requests)
-            else:
-                inst.in_flight += len(requests)
+            # counted when its next take is issued: an outstanding take (the actor runs calls in
+            # order) reports counts from before this submit, and an idle instance's heartbeat restarts then
+            inst.unseen += len(requests)
 
     def stream(self) -> Iterator[list[Sample]]:
         """Yield the step's finished samples in batches, as they come, until every one is out
