@@ -17,9 +17,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import importlib.util
+
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# tests/vllm needs vLLM, which lives in a venv of its own (`make test-vllm`, which .ci/run runs too);
+# where this Python has no vLLM they are not collected.
+collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
 # Ray in loopback-only mode (see poise/runtime/__init__.py), whichever test imports ray first
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 

@@ -74,6 +74,10 @@ def check_before_work(cfg: TrainConfig) -> None:
         from poise.evaluation.heldout import load_heldout
 
         load_heldout(cfg.eval, cfg.data, cfg.run.seed)  # a missing eval.dataset or column, before the run directory
+    if cfg.rollout.backend == "vllm":
+        from poise.rollout.vllm_engine import check_vllm
+
+        check_vllm(cfg.model)  # installed, and it can load this model's architecture
     if cfg.model.lora is not None and importlib.util.find_spec("peft") is None:
         raise PoiseError("model.lora needs the peft package; pip install 'poise[lora]', or drop model.lora")
     if cfg.cluster.compute == "real":

@@ -327,6 +327,10 @@ class AlgorithmConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    backend: Literal["poise", "vllm"] = help_field(
+        "poise", "poise: Poise's engine (bit-exact with batch_invariant; the default, and what CPU runs want); "
+                 "vllm: vLLM (paged KV cache, prefix sharing, CUDA graphs: what GPU runs want), needs "
+                 "determinism: semantic and the vllm extra (make vllm)")
     num_slots: int = help_field(32, "sequences decoded together (the continuous batch size)")
     max_context: int = help_field(0, "prompt + response tokens per slot; 0 = what the run needs: its longest "
                                      "prompt + max_new_tokens, rounded up to a power of two, at most the model's "
@@ -564,6 +568,7 @@ class TrainConfig:
     eval: EvalConfig = help_factory(EvalConfig, "held-out evaluation every N steps and at the end (off by default)")
 
     def __post_init__(self) -> None:
+        self._check_backend()
         if self.determinism == "bitwise" and not self.rollout.batch_invariant:
             # bitwise trajectories need batch-invariant decoding (DESIGN.md invariant 1)
             object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, batch_invariant=True))
@@ -592,6 +597,21 @@ class TrainConfig:
             check(s.max_new_tokens < need, "algorithm.sampling.max_new_tokens", s.max_new_tokens,
                   f"must leave room for the prompt within model.tiny.max_positions ({need})")
 
+
+    def _check_backend(self) -> None:
+        """What the vLLM backend cannot do (rollout/vllm_engine.py)."""
+        if self.rollout.backend != "vllm":
+            return
+        check(self.determinism == "semantic", "rollout.backend", "vllm",
+              "is not batch-invariant (its batch-invariant kernels are Triton, GPU only), so determinism=bitwise "
+              "cannot hold; set determinism=semantic, or rollout.backend=poise for bit-exact runs")
+        check(self.cluster.compute == "real", "rollout.backend", "vllm",
+              "has nothing to run with cluster.compute=emulated (no model); set rollout.backend=poise")
+        check(self.model.lora is None, "rollout.backend", "vllm",
+              "does not take Poise's LoRA adapters yet; drop model.lora or set rollout.backend=poise")
+        check(not self.rollout.stop_strings, "rollout.stop_strings", list(self.rollout.stop_strings),
+              "are not passed to vLLM (it runs without a tokenizer here); end responses with EOS, or set "
+              "rollout.backend=poise")
 
     def _check_resize(self) -> None:
         """A schedule or a controller needs a disaggregated pipeline and splits of this job."""

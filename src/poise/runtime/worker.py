@@ -347,7 +347,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     import torch.distributed as dist
 
     from poise.data.tokenizer import load_tokenizer
-    from poise.rollout.engine import Engine
+    from poise.rollout.backends import build_engine
     from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard
     from poise.train.determinism import bitwise_cuda
     from poise.train.setup import pin_threads
@@ -379,7 +379,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
         def ref():
             return _initial_policy(spec, tokenizer, device, dtype).requires_grad_(False).eval()
     trainer = PolicyTrainer(model, spec.algorithm, tokenizer.pad_id, ref)
-    engine = Engine(model, spec.rollout, spec.algorithm.sampling, spec.seed, tokenizer.eos_id, clock=time.time)
+    engine = build_engine(model, spec.rollout, spec.algorithm.sampling, spec.seed, tokenizer.eos_id, clock=time.time)
 
     def set_version(version: int) -> None:
         engine_call(lambda e: e.set_weights_version(version))

@@ -21,7 +21,7 @@ from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
 from poise.metrics import step_metrics
 from poise.policy.dynamic import DrawResolver, default_max_draws
-from poise.rollout.engine import Engine
+from poise.rollout.backends import build_engine
 from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, reward_metrics
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
@@ -57,8 +57,8 @@ class ColocatedLoop:
         # The engine runs the trainer's own modules: colocated weights need no sync.
         context = fitted_context(cfg.model, cfg.rollout.max_context, self.steps.longest_prompt(),
                                  algo.sampling.max_new_tokens)  # the KV cache the run's prompts need
-        self.engine = Engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
-                             cfg.run.seed, self.tokenizer.eos_id)
+        self.engine = build_engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
+                                   cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
         self.heldout = None  # eval.every: held-out problems, evaluated between steps (poise.evaluation)
         if cfg.eval.every:
