@@ -35,7 +35,7 @@ class SampleLike(Protocol):
     sample_id: tuple[int, int, int]
     prompt_ids: list[int]
     token_ids: list[int]
-    logprobs: list[float]  # behaviour log-probs from the rollout engine (the "old" policy)
+    logprobs: list[float]  # behaviour log-probs from the rollout engine (the PPO "old" ones with old_logprobs rollout)
 
 
 @dataclass
