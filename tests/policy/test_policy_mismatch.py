@@ -54,6 +54,8 @@ def test_metrics_by_hand():
         "mismatch/is_weight_mean": 8.0 / 8, "mismatch/is_truncated_frac": 1 / 8})
     plain = [MismatchStats(p.tokens, p.abs_sum, p.abs_max, p.hist) for p in parts[:2]]  # rollout_is none
     assert mismatch_metrics(plain) == {k: v for k, v in got.items() if not k.startswith("mismatch/is_")}
+    assert mismatch_metrics([MismatchStats(), MismatchStats()]) == {}  # nothing measured (emulated compute)
+    assert mismatch_metrics(parts[2:]) == {"mismatch/is_weight_mean": 1.0, "mismatch/is_truncated_frac": 0.0}
 
 
 def test_a_micro_batch_knows_its_mini_batch_from_its_sample_ids():

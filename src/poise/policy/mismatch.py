@@ -74,18 +74,20 @@ class MismatchStats:
 def mismatch_metrics(parts: Sequence[MismatchStats]) -> dict[str, float]:
     """A step's `mismatch/...` metrics from its micro-batches' MismatchStats, in index order: the
     mean and largest |trainer logp - rollout logp| and the 5th/50th/95th percentile of the ratio
-    exp(trainer logp - rollout logp) over the first mini-batch's response tokens (ratio 1 and
-    difference 0 when none were measured), and with a rollout_is correction the mean weight and
-    the share of tokens whose weight was cut at the cap."""
+    exp(trainer logp - rollout logp) over the first mini-batch's response tokens, and with a
+    rollout_is correction the mean weight and the share of tokens whose weight was cut at the cap.
+    A step that measured no token (emulated compute has no log-probs) has none of them."""
+    out: dict[str, float] = {}
     tokens = sum(p.tokens for p in parts)
-    hist = [0] * LOG_RATIO_BINS
-    for p in parts:
-        for i, count in enumerate(p.hist):
-            hist[i] += count
-    out = {"mismatch/logp_abs_diff_mean": sum(p.abs_sum for p in parts) / max(1, tokens),
-           "mismatch/logp_abs_diff_max": max((p.abs_max for p in parts), default=0.0)}
-    for q in (5, 50, 95):
-        out[f"mismatch/ratio_p{q:02d}"] = math.exp(histogram_quantile(hist, q / 100))
+    if tokens:
+        hist = [0] * LOG_RATIO_BINS
+        for p in parts:
+            for i, count in enumerate(p.hist):
+                hist[i] += count
+        out["mismatch/logp_abs_diff_mean"] = sum(p.abs_sum for p in parts) / tokens
+        out["mismatch/logp_abs_diff_max"] = max(p.abs_max for p in parts)
+        for q in (5, 50, 95):
+            out[f"mismatch/ratio_p{q:02d}"] = math.exp(histogram_quantile(hist, q / 100))
     weighted = [p for p in parts if p.is_weight_sum is not None]
     if weighted:
         is_tokens = max(1, sum(p.is_tokens for p in weighted))
