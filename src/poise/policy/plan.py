@@ -214,5 +214,5 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
     }
 
 
-__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "mini_of_prompt", "tail_shares", "micro_normaliser",
-           "loss_normaliser", "pack_rows", "step_stats"]
+__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step",
+           "mini_of_prompt", "tail_shares", "micro_normaliser", "loss_normaliser", "pack_rows", "step_stats"]

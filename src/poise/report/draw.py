@@ -7,8 +7,9 @@ then an interactive timeline (report/timeline.py: zoom and pan, self-contained, 
 viewed) and the figures: per-device timeline (the static copy), step time, split per step,
 throughput, and the learning curves: reward per step (mean and +-1 standard error over the step's
 samples: for 0/1 rewards a percentile band would span 0-1) and response length (mean and the
-p10-p90 band), and a real run's rollout/trainer log-prob mismatch. Steps count from 0 everywhere, as in metrics.jsonl; a resize between steps k and
-k+1 is "before step k+1", as `resize.schedule`'s `at_step` says. Reads only events.jsonl,
+p10-p90 band), and a real run's rollout/trainer log-prob mismatch. Steps count from 0 everywhere,
+as in metrics.jsonl; a resize between steps k and k+1 is "before step k+1", as
+`resize.schedule`'s `at_step` says. Reads only events.jsonl,
 metrics.jsonl and (if present) summary.json, so a real run and a simulation are drawn by the same
 code. matplotlib with the Agg backend: no display needed.
 """
