@@ -50,6 +50,9 @@ def test_colocated_run_writes_a_scalar_per_metric_and_step(tmp_path):
     assert any("kl" in name for name in expected), sorted(expected)
     # the reward functions' own means (flat "reward/<name>" keys) and the failure count
     assert "reward_failures" in expected and any(name.startswith("reward/") for name in expected), sorted(expected)
+    # the rollout/trainer log-prob mismatch of each step (Poise's engine against the trainer, fp32)
+    assert {"mismatch/logp_abs_diff_mean", "mismatch/logp_abs_diff_max", "mismatch/ratio_p05", "mismatch/ratio_p50",
+            "mismatch/ratio_p95"} <= expected, sorted(expected)
     assert tags == expected
     for name in expected:  # a key some rows lack (a task family absent from a step) has fewer points
         logged = [(r["step"], dict(scalars(r))[name]) for r in rows if name in dict(scalars(r))]

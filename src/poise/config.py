@@ -274,6 +274,22 @@ class AlgorithmConfig:
     micro_batch_size: int = help_field(16, MICRO_BATCH_SIZE_HELP)
     updates_per_step: int = help_field(1, "optimizer updates per step: the step's samples, in sample-id order, "
                                           "are cut into this many mini-batches of whole groups (PPO mini-batches)")
+    old_logprobs: Literal["rollout", "recompute"] = help_field(
+        "rollout", "the PPO ratio's old log-probs. rollout: the rollout engine's, which come with each sample "
+                   "(exact where engine and trainer agree bit for bit, as Poise's engine in fp32); recompute: "
+                   "the trainer's own under the step-start weights, as verl recomputes them, so another backend "
+                   "(vLLM) or bf16 leaves the first update's ratio at exactly 1 (departure from verl: taken from "
+                   "the step's own forward, detached, not a separate forward; needs updates_per_step 1). In async "
+                   "mode the samples come from the weights one update older: recompute makes the trainer's "
+                   "current weights the proximal policy (decoupled PPO, as AReaL and verl) and rollout_is "
+                   "corrects behaviour -> proximal")
+    rollout_is: Literal["none", "token", "sequence"] = help_field(
+        "none", "truncated importance sampling of the rollout/trainer mismatch (TIS, Yao et al. 2025; verl's "
+                "rollout_is): each token's clipped surrogate (not the KL or entropy terms) times a weight "
+                "without gradient. token: min(exp(old - rollout logp), rollout_is_cap) per token; sequence: "
+                "min(exp(sum over the response of (old - rollout logp)), rollout_is_cap) for all its tokens. "
+                "Needs old_logprobs recompute")
+    rollout_is_cap: float = help_field(2.0, "the largest rollout_is weight (truncation); must be >= 1")
     gradient_checkpointing: bool = help_field(False, "recompute each decoder layer's activations in the backward "
                                                      "pass instead of keeping them (less memory, ~1/3 more "
                                                      "compute; the same bits)")
@@ -303,6 +319,15 @@ class AlgorithmConfig:
         check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
         check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
               f"must divide prompts_per_step ({self.prompts_per_step}) so each update gets whole groups")
+        check(self.old_logprobs != "recompute" or self.updates_per_step == 1, "old_logprobs", self.old_logprobs,
+              f"needs updates_per_step 1, got {self.updates_per_step}: streaming trains later mini-batches after "
+              "the first update, when the step-start log-probs are gone; set algorithm.updates_per_step=1 or "
+              "algorithm.old_logprobs=rollout")
+        check(self.rollout_is == "none" or self.old_logprobs == "recompute", "rollout_is", self.rollout_is,
+              "needs algorithm.old_logprobs=recompute: with old_logprobs rollout every weight is exactly 1; set "
+              "it, or rollout_is=none")
+        check(self.rollout_is_cap >= 1 and math.isfinite(self.rollout_is_cap), "rollout_is_cap",
+              self.rollout_is_cap, "must be >= 1 (a finite truncation), e.g. 2.0")
 
     def _resolve_loss_preset(self) -> None:
         """Fill each loss knob left null from the `loss` preset (a knob set explicitly wins), so the

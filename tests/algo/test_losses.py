@@ -6,7 +6,7 @@ import torch
 
 from poise.algo.advantages import group_advantages
 from poise.algo.losses import (aggregate, clipped_surrogate, grpo_loss, k3_kl, kl_estimate, policy_loss,
-                               ppo_clip_token_loss, sequence_log_ratio, token_entropy)
+                               ppo_clip_token_loss, rollout_is_weights, sequence_log_ratio, token_entropy)
 
 
 def test_group_advantages_by_hand():
@@ -192,3 +192,49 @@ def test_grpo_loss_is_policy_loss_with_its_defaults():
                         kl_estimator="k3", ref_logprobs=ref, ratio_level="token", entropy_coef=0.0)
         assert a.total.numpy().tobytes() == b.total.numpy().tobytes()
         assert (a.normaliser, a.clipped_tokens, a.kl_sum) == (b.normaliser, b.clipped_tokens, b.kl_sum)
+
+
+def test_rollout_is_weights_token_by_hand():
+    # old - behaviour per token: 1 (exp 2.718 -> cut at the cap 2), -0.5 (0.6065), -1 (0.3679); the 4th is padding
+    old = torch.tensor([[0.0, 0.0, -1.0, 0.0]])
+    behaviour = torch.tensor([[-1.0, 0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    w, cut = rollout_is_weights(old, behaviour, mask, "token", cap=2.0)
+    assert w[0, :3].tolist() == pytest.approx([2.0, math.exp(-0.5), math.exp(-1.0)], abs=1e-6)
+    assert cut[0, :3].tolist() == [True, False, False]
+    w, cut = rollout_is_weights(old, behaviour, mask, "token", cap=3.0)  # a cap that does not bite
+    assert w[0, 0].item() == pytest.approx(math.e, abs=1e-6) and not cut[0, :3].any()
+
+
+def test_rollout_is_weights_sequence_by_hand():
+    # response 0: 1 - 0.5 - 1 = -0.5 -> exp(-0.5) = 0.6065 on each of its tokens;
+    # response 1: 0.3 + 0.6 = 0.9 -> exp(0.9) = 2.4596, cut at 2 on each of its tokens (its padding adds nothing)
+    old = torch.tensor([[0.0, 0.0, -1.0], [0.3, 0.0, 7.0]])
+    behaviour = torch.tensor([[-1.0, 0.5, 0.0], [0.0, -0.6, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    w, cut = rollout_is_weights(old, behaviour, mask, "sequence", cap=2.0)
+    assert w[0].tolist() == pytest.approx([math.exp(-0.5)] * 3, abs=1e-6)
+    assert w[1, :2].tolist() == [2.0, 2.0] and cut[1, :2].tolist() == [True, True] and not cut[0].any()
+    w, _ = rollout_is_weights(old, behaviour, mask, "sequence", cap=2.5)
+    assert w[1, :2].tolist() == pytest.approx([math.exp(0.9)] * 2, abs=1e-5)
+    with pytest.raises(ValueError, match="cap"):
+        rollout_is_weights(old, behaviour, mask, "token", cap=0.5)
+    with pytest.raises(ValueError, match="token, sequence"):
+        rollout_is_weights(old, behaviour, mask, "prompt", cap=2.0)
+
+
+def test_is_weights_scale_the_surrogate_not_the_kl():
+    """Ratio 1 (logp == old), advantages +1: each token's surrogate is -1, times its weight; the
+    k1 KL term (logp - ref = 0.5 per token, kl_coef 0.1) is added unweighted. The weight has no
+    gradient: d total / d logp_t = -A w_t + kl_coef."""
+    logp = torch.zeros(1, 3, requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    weights = torch.tensor([[2.0, 0.5, 9.0]], requires_grad=True)  # the padded token's weight must not count
+    out = policy_loss(logp, logp.detach(), torch.tensor([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2,
+                      kl_coef=0.1, kl_estimator="k1", ref_logprobs=torch.full((1, 3), -0.5), is_weights=weights)
+    # -(2 + 0.5) + 0.1 * (0.5 + 0.5) = -2.4
+    assert out.total.item() == pytest.approx(-2.4, abs=1e-6)
+    (g,) = torch.autograd.grad(out.total, logp)
+    assert g[0].tolist() == pytest.approx([-2.0 + 0.1, -0.5 + 0.1, 0.0], abs=1e-6)
+    plain = policy_loss(logp, logp.detach(), torch.tensor([1.0]), mask, clip_eps_low=0.2, clip_eps_high=0.2)
+    assert plain.total.item() == pytest.approx(-2.0)  # without weights: one per token

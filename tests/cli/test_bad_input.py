@@ -83,3 +83,16 @@ def test_unknown_loss_and_inverted_clip(tmp_path):
     assert_one_line_error(poise("train", "algorithm.clip_eps_low=0.3", "algorithm.clip_eps_high=0.2",
                                 f"run.dir={tmp_path}/run"), "algorithm.clip_eps_high", "must be >= clip_eps_low")
     assert not (tmp_path / "run").exists()  # failed before any work
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["algorithm.old_logprobs=trainer"], ["algorithm.old_logprobs", "'trainer'", "'rollout', 'recompute'"]),
+    (["algorithm.rollout_is=token"], ["algorithm.rollout_is", "'token'", "old_logprobs=recompute"]),
+    (["algorithm.old_logprobs=recompute", "algorithm.rollout_is=token", "algorithm.rollout_is_cap=0.9"],
+     ["algorithm.rollout_is_cap", "0.9", ">= 1"]),
+    (["algorithm.old_logprobs=recompute", "algorithm.updates_per_step=2"],
+     ["algorithm.old_logprobs", "'recompute'", "updates_per_step 1, got 2", "algorithm.updates_per_step=1"]),
+])
+def test_old_logprobs_and_rollout_is_bad_values(tmp_path, overrides, words):
+    assert_one_line_error(poise("train", *overrides, f"run.dir={tmp_path}/run"), *words)
+    assert not (tmp_path / "run").exists()

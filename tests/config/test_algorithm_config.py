@@ -70,3 +70,17 @@ def test_a_resolved_config_loads_back_the_same(tmp_path):
 def test_bad_loss_settings_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_train_config(None, overrides)
+
+
+def test_old_logprobs_and_rollout_is_defaults_and_combinations():
+    a = AlgorithmConfig()
+    assert (a.old_logprobs, a.rollout_is, a.rollout_is_cap) == ("rollout", "none", 2.0)  # today's behaviour
+    a = load_train_config(None, ["algorithm.old_logprobs=recompute", "algorithm.rollout_is=sequence",
+                                 "algorithm.rollout_is_cap=1.0"]).algorithm
+    assert (a.old_logprobs, a.rollout_is, a.rollout_is_cap) == ("recompute", "sequence", 1.0)
+    with pytest.raises(ConfigError, match=r"old_logprobs.*'recompute'.*updates_per_step 1, got 2.*updates_per_step=1"):
+        AlgorithmConfig(old_logprobs="recompute", updates_per_step=2)
+    with pytest.raises(ConfigError, match=r"rollout_is.*'token'.*old_logprobs=recompute"):
+        AlgorithmConfig(rollout_is="token")
+    with pytest.raises(ConfigError, match=r"rollout_is_cap.*0\.5.*>= 1"):
+        AlgorithmConfig(old_logprobs="recompute", rollout_is="token", rollout_is_cap=0.5)

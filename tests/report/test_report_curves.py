@@ -108,3 +108,24 @@ def test_the_reward_band_is_the_standard_error_of_the_mean(tmp_path):
     assert sem[0] == pytest.approx(0.13333, abs=1e-5)
     assert rewards["low"] == pytest.approx([m - e for m, e in zip(rewards["mean"], sem)])
     assert rewards["high"] == pytest.approx([m + e for m, e in zip(rewards["mean"], sem)])
+
+
+def test_the_rollout_trainer_mismatch_is_drawn_and_summarised(tmp_path):
+    _write_run(tmp_path)
+    rows = [m for m in read_jsonl(tmp_path / "metrics.jsonl")]
+    with RunLog(tmp_path / "m") as log:
+        for m, (mean, top, p05, p95) in zip(rows, [(1e-7, 4e-7, 1 - 3e-7, 1 + 2e-7), (3e-7, 2e-6, 1 - 1e-6, 1 + 5e-7),
+                                                  (2e-7, 1e-6, 1.0, 1 + 4e-7)]):
+            log.event("step", m["step"] + 1.0, step=m["step"], start=m["step"], end=m["step"] + 1.0, tokens=10,
+                      split=None)
+            log.metrics({**m, "mismatch/logp_abs_diff_mean": mean, "mismatch/logp_abs_diff_max": top,
+                         "mismatch/ratio_p05": p05, "mismatch/ratio_p50": 1.0, "mismatch/ratio_p95": p95,
+                         "mismatch/is_weight_mean": 1.0 - 1e-7 * m["step"], "mismatch/is_truncated_frac": 0.0})
+    paths = draw_report(tmp_path / "m")
+    assert paths["mismatch"].stat().st_size > 2000 and 'src="mismatch.png"' in paths["html"].read_text()
+    page = paths["html"].read_text()
+    # by hand: the mean of the steps' means 2e-7, the largest 2e-6, the widest step's p05 and the widest p95
+    assert ("mean |diff| 2e-07, largest 2e-06; ratio p05-p95 1-1e-06 to 1+5e-07; importance weight mean "
+            "1-1e-07, truncated 0% of tokens") in page
+    assert "mismatch" not in draw_report(tmp_path)  # a log without it draws none
+    assert "none logged: a simulation has no log-probs" in (tmp_path / "report" / "index.html").read_text()

@@ -48,7 +48,8 @@ def test_not_a_run_directory(tmp_path):
         draw_report(tmp_path)
 
 
-SUMMARY_LABELS = ["steps", "wall time", "generated tokens/s", "samples/s", "split", "resize decisions", "failures"]
+SUMMARY_LABELS = ["steps", "wall time", "log-prob mismatch, trainer vs rollout", "generated tokens/s",
+                   "samples/s", "split", "resize decisions", "failures"]
 
 
 def _summary(page: str) -> dict[str, str]:

@@ -6,10 +6,13 @@ Each variant sets knobs off their defaults on every path that could diverge acro
 trainer group's advantages (reinforce_pp waits for the whole step; rloo per group), its loss
 normaliser (constant, sequence), the loss on each train device (clip-higher, sequence ratio, a
 KL estimator other than k3 with its reference model, the entropy bonus) and the rewards (overlong
-shaping). Runs start from the
-session's SFT warm start, so weights move every step (asserted), and are compared by every
-sample's tokens and logprobs and the bytes of model and optimizer after every step.
+shaping), the old log-probs (recomputed by the trainer) with truncated importance sampling whose
+cap bites. Runs start from the session's SFT warm start, so weights move every step (asserted),
+and are compared by every sample's tokens and logprobs, the bytes of model and optimizer after
+every step, and the rollout/trainer mismatch metrics (a histogram summed over micro-batches).
 """
+
+import math
 
 import pytest
 
@@ -27,7 +30,14 @@ VARIANTS = {
                                               "algorithm.kl_estimator=k2", "algorithm.entropy_coef=0.01",
                                               "algorithm.advantage=reinforce_pp", "algorithm.loss_agg=constant"],
     "gspo-rloo-overlong": ["algorithm.loss=gspo", "algorithm.advantage=rloo", "algorithm.overlong_buffer=4"],
+    # cap 1: every weight above 1 is cut (Poise's engine and trainer differ by ~1e-7 in fp32)
+    "recompute-tis-token": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is=token",
+                            "algorithm.rollout_is_cap=1.0"],
 }
+
+
+def _mismatch(run) -> list[dict]:
+    return [{k: v for k, v in r.items() if k.startswith("mismatch/")} for r in run.rows]
 
 
 def _run(train, run_dir, warm_start, read_run, *extra):
@@ -51,8 +61,16 @@ def test_loss_variant_bitwise_equal_across_splits(ray_session, tmp_path, warm_st
     # the knobs change the training: the first update differs from default GRPO's
     first = ref.checkpoint_steps()[0]
     assert ref.digest(first, "model.safetensors") != default.digest(first, "model.safetensors"), variant
+    # the mismatch of Poise's own engine in fp32 against the trainer: small, but measured
+    for row in _mismatch(ref):
+        assert 0 <= row["mismatch/logp_abs_diff_mean"] <= row["mismatch/logp_abs_diff_max"] < 1e-3, row
+        assert all(math.isfinite(v) for v in row.values()), row
+        assert row["mismatch/ratio_p05"] <= row["mismatch/ratio_p50"] <= row["mismatch/ratio_p95"], row
+    if "algorithm.rollout_is=token" in knobs:  # the correction ran, and its cap cut some weights
+        assert any(row["mismatch/is_truncated_frac"] > 0 for row in _mismatch(ref)), _mismatch(ref)
     for split in [(1, 3), (3, 1)]:
         got = _run(train_disaggregated, tmp_path / f"sync-{split[0]}-{split[1]}", warm_start, read_run,
                    "run.verify_sync=true", "pipeline.mode=sync", f"cluster.split=[{split[0]},{split[1]}]", *knobs)
         got.assert_learned(warm_start)
         got.assert_bitwise_equal(ref, f"{variant}: sync {split} vs colocated")
+        assert _mismatch(got) == _mismatch(ref), f"{variant}: sync {split} vs colocated"  # the same bits

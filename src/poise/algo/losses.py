@@ -5,7 +5,9 @@ References: PPO clipped surrogate, Schulman et al. 2017, eq. 7; GRPO group-norma
 advantages and k3 KL, Shao et al. 2024 (DeepSeekMath), eqs. 3 and 4; DAPO's decoupled clip
 ("clip-higher") and token-level loss, Yu et al. 2025, eq. 8; Dr. GRPO's constant normaliser,
 Liu et al. 2025, eq. 3; GSPO's sequence-level ratio, Zheng et al. 2025, eqs. 5-7 and 10 (the
-GSPO-token form); KL estimators k1/k2/k3, Schulman 2020, "Approximating KL divergence".
+GSPO-token form); KL estimators k1/k2/k3, Schulman 2020, "Approximating KL divergence";
+truncated importance sampling of the rollout/trainer mismatch, Yao et al. 2025, "Your Efficient
+RL Framework Secretly Brings You Off-Policy RL Training" (TIS; verl's rollout_is).
 
 Departures: losses return per-token *sums* plus the normaliser separately
 (`PolicyLoss.total`, `PolicyLoss.normaliser`) so a step's loss can be accumulated over
@@ -23,6 +25,7 @@ import torch
 LOSS_AGGS = ("token", "sequence", "sequence_sum", "constant")  # algorithm.loss_agg
 KL_ESTIMATORS = ("k1", "k2", "k3")  # algorithm.kl_estimator
 RATIO_LEVELS = ("token", "sequence")  # algorithm.ratio_level
+ROLLOUT_IS_LEVELS = ("token", "sequence")  # algorithm.rollout_is (besides none)
 
 
 def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, clip_eps_low: float,
@@ -95,6 +98,29 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(torch.exp(logp) * logp).sum(dim=-1)
 
 
+def rollout_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                       level: str, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance-sampling weights that correct the behaviour policy (the rollout
+    engine's log-probs) towards the old policy of the PPO ratio (the trainer's recomputed ones):
+    TIS, Yao et al. 2025; verl's rollout_is. No gradient flows through them.
+
+    token: w_t = min(exp(old_t - behaviour_t), cap). sequence: w_i = min(exp(sum_t (old_t -
+    behaviour_t)), cap) over response i's tokens, the same for each of them.
+    old_logprobs, behaviour_logprobs, mask: [B, T] (mask float, 1 on real tokens). Returns
+    (weights [B, T], truncated [B, T] bool: where the cap cut the weight); both are meaningful on
+    masked tokens only.
+    """
+    if cap < 1:
+        raise ValueError(f"the importance-sampling cap must be >= 1, got {cap}")
+    log_w = (old_logprobs - behaviour_logprobs).detach() * mask
+    if level == "sequence":
+        log_w = log_w.sum(dim=1, keepdim=True).expand_as(mask)
+    elif level != "token":
+        raise ValueError(f"rollout_is level must be one of {', '.join(ROLLOUT_IS_LEVELS)}, got {level!r}")
+    raw = torch.exp(log_w)
+    return torch.clamp(raw, max=cap), raw > cap
+
+
 def aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str,
               max_response: int | None = None) -> tuple[torch.Tensor, float]:
     """A micro-batch's (sum to divide, normaliser) of per-token losses [B, T] (mask float [B, T]).
@@ -133,13 +159,14 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
                 *, clip_eps_low: float, clip_eps_high: float, ratio_level: str = "token", agg: str = "token",
                 max_response: int | None = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
                 ref_logprobs: torch.Tensor | None = None, entropy_coef: float = 0.0,
-                entropy: torch.Tensor | None = None) -> PolicyLoss:
+                entropy: torch.Tensor | None = None, is_weights: torch.Tensor | None = None) -> PolicyLoss:
     """The clipped policy-gradient objective of one micro-batch, as a sum to be divided by the
-    step's normaliser: per token, the clipped surrogate (token or sequence ratio), plus kl_coef
-    times the KL estimate to the reference, minus entropy_coef times the policy's entropy; then
-    aggregated by `agg` (see `aggregate`).
+    step's normaliser: per token, the clipped surrogate (token or sequence ratio) times
+    `is_weights` if given (`rollout_is_weights`: the KL and entropy terms are not weighted), plus
+    kl_coef times the KL estimate to the reference, minus entropy_coef times the policy's
+    entropy; then aggregated by `agg` (see `aggregate`).
 
-    logprobs, old_logprobs, ref_logprobs, entropy, mask: [B, T]; advantages: [B].
+    logprobs, old_logprobs, ref_logprobs, entropy, is_weights, mask: [B, T]; advantages: [B].
     """
     mask = mask.to(logprobs.dtype)
     if ratio_level == "token":
@@ -149,6 +176,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     else:
         raise ValueError(f"ratio_level must be one of {', '.join(RATIO_LEVELS)}, got {ratio_level!r}")
     per_token, clipped = clipped_surrogate(log_ratio, advantages, clip_eps_low, clip_eps_high)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach()
     kl_sum = 0.0
     if kl_coef > 0:
         if ref_logprobs is None:

@@ -19,6 +19,8 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   rankers.py     oracle / random / history / learned length rankers, recall_at (StreamRL §5.2)
   pipeline.py    PipelineConfig, pipeline_kind, weights_version (staleness rule)
   plan.py        plan_step: a step's sample ids, mini- and micro-batches, owners, normaliser, stats
+  mismatch.py    MismatchStats: the rollout/trainer log-prob mismatch as sums and a fixed-grid
+                 histogram of the log-ratio, the same bits however micro-batches are split
   seeds.py       stable_seed: named sub-seeds
 """
 

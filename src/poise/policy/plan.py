@@ -26,8 +26,9 @@ trainer all consume it; none of them cuts batches or sums normalisers on its own
         (micro_normaliser) and then over micro-batches, in one fixed order, whoever computes it.
 
     step_stats(micro, grad_norms)
-        a step's loss, grad_norm, clip_frac and kl from its micro-batches' MicroStats (in index
-        order) and each update's gradient norm.
+        a step's loss, grad_norm, clip_frac, kl, entropy and rollout/trainer mismatch
+        (policy/mismatch.py) from its micro-batches' MicroStats (in index order) and each
+        update's gradient norm.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from poise.errors import ConfigError
+from poise.policy.mismatch import MismatchStats, mismatch_metrics
 from poise.policy.pipeline import weights_version as _weights_version
 
 SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
@@ -79,7 +81,14 @@ class StepPlan:
         return tuple((sid[0], sid[1], j) for j in range(self.group_size))
 
     def mini_of(self, sid: SampleId) -> int:
-        return sid[1] // (self.prompts // len(self.minis))
+        return mini_of_prompt(sid[1], self.prompts, len(self.minis))
+
+
+def mini_of_prompt(prompt_index: int, prompts: int, updates_per_step: int) -> int:
+    """The mini-batch that prompt `prompt_index`'s group trains in (`plan_step` gives each update
+    prompts // updates_per_step whole groups, in prompt order): what a train device, handed a
+    micro-batch's samples, reads off their sample ids."""
+    return prompt_index // (prompts // updates_per_step)
 
 
 def contiguous_ranges(num_micro_batches: int, devices: int) -> tuple[tuple[int, int], ...]:
@@ -185,12 +194,13 @@ class MicroStats:
     kl_sum: float  # summed k3 KL to the reference over its response tokens
     tokens: int  # its response tokens
     entropy_sum: float = 0.0  # summed policy entropy over its response tokens (a metric; no gradient)
+    mismatch: MismatchStats = MismatchStats()  # its share of the rollout/trainer log-prob mismatch
 
 
 def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict[str, float]:
     """A step's training statistics: the loss over the step's normaliser, the mean gradient norm of
-    its updates (before clipping), the clipped share of response tokens, and the mean KL and policy
-    entropy per response token.
+    its updates (before clipping), the clipped share of response tokens, the mean KL and policy
+    entropy per response token, and the rollout/trainer mismatch (`mismatch/...`, policy/mismatch.py).
     `micro` in micro-batch index order (mini-batch by mini-batch), so the sums are the same
     whoever computes them."""
     tokens = max(1, sum(m.tokens for m in micro))
@@ -200,8 +210,9 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
         "clip_frac": sum(m.clipped_tokens for m in micro) / tokens,
         "kl": sum(m.kl_sum for m in micro) / tokens,
         "entropy": sum(m.entropy_sum for m in micro) / tokens,
+        **mismatch_metrics([m.mismatch for m in micro]),
     }
 
 
-__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step", "tail_shares", "micro_normaliser",
-           "loss_normaliser", "pack_rows", "step_stats"]
+__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step",
+           "mini_of_prompt", "tail_shares", "micro_normaliser", "loss_normaliser", "pack_rows", "step_stats"]

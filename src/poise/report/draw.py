@@ -7,8 +7,9 @@ then an interactive timeline (report/timeline.py: zoom and pan, self-contained, 
 viewed) and the figures: per-device timeline (the static copy), step time, split per step,
 throughput, and the learning curves: reward per step (mean and +-1 standard error over the step's
 samples: for 0/1 rewards a percentile band would span 0-1) and response length (mean and the
-p10-p90 band). Steps count from 0 everywhere, as in metrics.jsonl; a resize between steps k and
-k+1 is "before step k+1", as `resize.schedule`'s `at_step` says. Reads only events.jsonl,
+p10-p90 band), and a real run's rollout/trainer log-prob mismatch. Steps count from 0 everywhere,
+as in metrics.jsonl; a resize between steps k and k+1 is "before step k+1", as
+`resize.schedule`'s `at_step` says. Reads only events.jsonl,
 metrics.jsonl and (if present) summary.json, so a real run and a simulation are drawn by the same
 code. matplotlib with the Agg backend: no display needed.
 """
@@ -258,6 +259,37 @@ def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[st
     return paths
 
 
+MISMATCH = "mismatch/logp_abs_diff_mean"  # a real run's rollout/trainer log-prob mismatch (policy/mismatch.py)
+
+
+def draw_mismatch(metrics: list[dict], out: Path) -> dict[str, Path]:
+    """The rollout/trainer log-prob mismatch per step: the mean and largest |trainer logp - rollout
+    logp| over the first mini-batch's tokens, and the ratio's p05/p50/p95 as ratio - 1 (symlog: it
+    is 0 where engine and trainer agree bit for bit). A log without it (a simulation) draws none."""
+    rows = {m["step"]: m for m in metrics if isinstance(m.get(MISMATCH), (int, float))}  # a replayed step once
+    if not rows:
+        return {}
+    plt = _plt()
+    steps = sorted(rows)
+    value = lambda key: [rows[k].get(key) for k in steps]  # noqa: E731
+    fig, (diff_ax, ratio_ax) = plt.subplots(1, 2, figsize=(10, 3.0))
+    diff_ax.plot(steps, value(MISMATCH), lw=1.4, color="#4C72B0", label="mean")
+    diff_ax.plot(steps, value("mismatch/logp_abs_diff_max"), lw=1.0, color="#C44E52", label="max")
+    diff_ax.set_yscale("symlog", linthresh=1e-9)
+    diff_ax.set_title("|trainer logp - rollout logp|")
+    for q, color, lw in (("p05", "#8172B2", 0.9), ("p50", "#4C72B0", 1.4), ("p95", "#8172B2", 0.9)):
+        ratios = value(f"mismatch/ratio_{q}")
+        ratio_ax.plot(steps, [r - 1 if isinstance(r, (int, float)) else None for r in ratios], lw=lw, color=color,
+                      label=q)
+    ratio_ax.set_yscale("symlog", linthresh=1e-9)
+    ratio_ax.set_title("ratio exp(trainer - rollout logp) - 1")
+    for ax in (diff_ax, ratio_ax):
+        ax.set_xlabel("step")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    return {"mismatch": _save(fig, out / "mismatch.png")}
+
+
 def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
     """Draw every figure and index.html; returns name -> path."""
     run = load_run(run_dir)
@@ -267,6 +299,7 @@ def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[
     draw_timeline(run["events"], paths["timeline"])
     paths.update(draw_series(run["events"], run["metrics"], out))
     paths.update(draw_learning(run["events"], run["metrics"], out))
+    paths.update(draw_mismatch(run["metrics"], out))
     paths["html"] = out / "index.html"
     paths["html"].write_text(_html(Path(run_dir), run, paths))
     return paths

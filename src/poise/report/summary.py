@@ -26,9 +26,36 @@ def _split(split: Any) -> str:
     return f"{split[0]}+{split[1]}" if isinstance(split, (list, tuple)) and len(split) == 2 else "-"
 
 
+def _ratio(value: float) -> str:
+    """A ratio near 1 as 1 +- its distance (0.9999997 would round to 1)."""
+    if value == 1:
+        return "1"
+    return f"1{value - 1:+.2g}" if abs(value - 1) < 1e-3 else f"{value:.4g}"
+
+
+def _mismatch(metrics: list[dict]) -> str:
+    """The rollout/trainer log-prob mismatch over the run (metrics' mismatch/...: policy/mismatch.py):
+    the mean over steps of each step's mean |difference|, the largest difference, and the widest
+    step's ratio p05-p95; with a rollout_is correction, the mean weight and the truncated share."""
+    rows = [m for m in metrics if isinstance(m.get("mismatch/logp_abs_diff_mean"), (int, float))]
+    if not rows:
+        return "- (none logged: a simulation has no log-probs)"
+    mean = sum(m["mismatch/logp_abs_diff_mean"] for m in rows) / len(rows)
+    largest = max(float(m.get("mismatch/logp_abs_diff_max") or 0.0) for m in rows)
+    low = min(float(m.get("mismatch/ratio_p05", 1.0)) for m in rows)
+    high = max(float(m.get("mismatch/ratio_p95", 1.0)) for m in rows)
+    text = f"mean |diff| {mean:.2g}, largest {largest:.2g}; ratio p05-p95 {_ratio(low)} to {_ratio(high)}"
+    weighted = [m for m in rows if isinstance(m.get("mismatch/is_weight_mean"), (int, float))]
+    if weighted:
+        weight = sum(m["mismatch/is_weight_mean"] for m in weighted) / len(weighted)
+        cut = sum(float(m.get("mismatch/is_truncated_frac") or 0.0) for m in weighted) / len(weighted)
+        text += f"; importance weight mean {_ratio(weight)}, truncated {100 * cut:.2g}% of tokens"
+    return text
+
+
 def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]]:
-    """(label, value) rows: steps, wall time, reward, tokens/s, samples/s, split changes, resize
-    decisions, failures. A value the log does not have is "-"."""
+    """(label, value) rows: steps, wall time, reward, log-prob mismatch, tokens/s, samples/s, split
+    changes, resize decisions, failures. A value the log does not have is "-"."""
     steps = sorted((e for e in events if e.get("kind") == "step"), key=lambda e: e["step"])
     wall = max((float(e["end"]) for e in steps), default=0.0) if steps else \
         sum(float(m.get("step_s") or 0.0) for m in metrics)
@@ -44,6 +71,8 @@ def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]
         rows.append((f"reward, mean of the last {n} steps", f"{last:.3f} (first {n}: {first:.3f})"))
     else:
         rows.append(("reward", "- (none logged: a simulation has no rewards)"))
+
+    rows.append(("log-prob mismatch, trainer vs rollout", _mismatch(metrics)))
 
     tokens = sum(int(e.get("tokens") or 0) for e in steps)
     rows.append(("generated tokens/s", _rate(tokens / wall) if tokens and wall > 0 else "-"))

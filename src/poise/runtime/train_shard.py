@@ -172,7 +172,7 @@ class TorchTrainShard:
             self._sum = flat if self._sum is None else self._sum.add_(flat)
         return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
                 "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
-                "entropy_sum": result.entropy_sum,
+                "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,  # ~200 ints of histogram at most
                 "start": start, "end": time.time(), "device": self.rank, "held_grads": len(self._tree)}
 
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],

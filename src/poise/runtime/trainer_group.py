@@ -17,6 +17,7 @@ import ray
 
 from poise.algo.advantages import ready_advantages
 from poise.errors import PoiseError
+from poise.policy.mismatch import MismatchStats
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
 from poise.runtime.roles import StagedSamples
@@ -247,5 +248,6 @@ class TrainerGroup:
             wait([ref for _, ref in self.contribute_refs], [rank for rank, _ in self.contribute_refs], what,
                  self.step_timeout_s, role="train")
         stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"],
-                                       m.get("entropy_sum", 0.0)) for m in micro], [u[0]["grad_norm"] for u in updates])
+                                       m.get("entropy_sum", 0.0), m.get("mismatch", MismatchStats()))
+                            for m in micro], [u[0]["grad_norm"] for u in updates])
         return stats, micro, [u for per_device in updates for u in per_device]

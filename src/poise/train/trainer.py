@@ -11,7 +11,8 @@ A micro-batch runs as one packed forward (issue 13): its sequences share rows by
 (a function of their lengths in sample-id order, so still canonical), positions restart per
 sequence so attention stays within it, and the output head runs only where a response token is
 predicted. No padding between sequences, no per-sample tensor work, one forward per micro-batch
-(plus the reference's when kl_coef > 0; the old log-probs come with the samples).
+(plus the reference's when kl_coef > 0). The old log-probs come with the samples
+(`old_logprobs: rollout`) or are that forward's own, detached (`recompute`: see micro_batch_grad).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch.optim.adam import adam
 
-from poise.algo.losses import policy_loss, token_entropy
+from poise.algo.losses import policy_loss, rollout_is_weights, token_entropy
 from poise.config import AlgorithmConfig
-from poise.policy.plan import MicroStats, loss_normaliser, pack_rows, plan_step, step_stats
+from poise.policy.mismatch import LOG_RATIO_BINS, MAGNITUDE_BINS, MAGNITUDE_EDGES, ZERO_BIN, MismatchStats
+from poise.policy.plan import MicroStats, loss_normaliser, mini_of_prompt, pack_rows, plan_step, step_stats
 from poise.rollout.sampling import tempered
 from poise.train.reduce import TreeAccumulator, combine
 
@@ -33,7 +35,7 @@ class SampleLike(Protocol):
     sample_id: tuple[int, int, int]
     prompt_ids: list[int]
     token_ids: list[int]
-    logprobs: list[float]  # behaviour log-probs from the rollout engine (the "old" policy)
+    logprobs: list[float]  # behaviour log-probs from the rollout engine (the PPO "old" ones with old_logprobs rollout)
 
 
 @dataclass
@@ -45,8 +47,9 @@ class MicroBatchResult:
     clipped_tokens: int
     kl_sum: float
     tokens: int
-    shapes: tuple[torch.Size, ...] = ()
-    entropy_sum: float = 0.0  # summed policy entropy over the response tokens (a metric)  # of the parameters, to view flat_grad per parameter
+    shapes: tuple[torch.Size, ...] = ()  # of the parameters, to view flat_grad per parameter
+    entropy_sum: float = 0.0  # summed policy entropy over the response tokens (a metric)
+    mismatch: MismatchStats = MismatchStats()  # the rollout/trainer log-prob mismatch (a metric)
 
     @property
     def grads(self) -> list[torch.Tensor]:
@@ -55,7 +58,7 @@ class MicroBatchResult:
 
     def stats(self) -> MicroStats:
         return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens,
-                          self.entropy_sum)
+                          self.entropy_sum, self.mismatch)
 
 
 @dataclass
@@ -145,6 +148,18 @@ def unflatten(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return out.index_put((batch.scatter_at.to(flat.device),), flat).view_as(batch.mask)
 
 
+def log_ratio_histogram(log_ratio: torch.Tensor) -> tuple[int, ...]:
+    """Counts of `log_ratio` [N] in the fixed grid of policy/mismatch.py (LOG_RATIO_BINS bins: the
+    negative magnitudes from the largest down, the zero bin, the positive magnitudes upwards)."""
+    log_ratio = torch.nan_to_num(log_ratio.detach(), nan=0.0)  # a NaN log-prob shows in the loss, not here
+    magnitude = log_ratio.double().abs()
+    edges = torch.tensor(MAGNITUDE_EDGES, dtype=torch.float64, device=magnitude.device)
+    above = torch.bucketize(magnitude, edges, right=True)  # 0: below the first edge; k + 1: magnitude bin k
+    offset = torch.clamp(above, max=MAGNITUDE_BINS)  # |d| >= the last edge counts in the top bin
+    index = ZERO_BIN + torch.sign(log_ratio).long() * offset
+    return tuple(torch.bincount(index.cpu(), minlength=LOG_RATIO_BINS).tolist())
+
+
 def param_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
     """A flat [P] tensor as one view per parameter shape, in order."""
     views, offset = [], 0
@@ -153,6 +168,23 @@ def param_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.
         views.append(flat[offset:offset + n].view(shape))
         offset += n
     return views
+
+
+def mismatch_stats(log_ratio: torch.Tensor | None, is_weights: torch.Tensor | None, truncated: torch.Tensor | None,
+                   mask: torch.Tensor) -> MismatchStats:
+    """One micro-batch's MismatchStats (policy/mismatch.py). log_ratio: [N] trainer logp at the
+    step-start weights minus rollout logp of its response tokens, or None outside the step's first
+    mini-batch; is_weights, truncated: [B, T] from `rollout_is_weights`, or None; mask: [B, T]."""
+    measured = {}
+    if log_ratio is not None and log_ratio.numel():
+        magnitude = log_ratio.double().abs()
+        measured = {"tokens": log_ratio.numel(), "abs_sum": float(magnitude.sum()), "abs_max": float(magnitude.max()),
+                    "hist": log_ratio_histogram(log_ratio)}
+    if is_weights is None or truncated is None:
+        return MismatchStats(**measured)
+    on = mask.bool()
+    return MismatchStats(**measured, is_tokens=int(on.sum()), is_weight_sum=float(is_weights.double()[on].sum()),
+                         is_truncated=int((truncated & on).sum()))
 
 
 class PolicyTrainer:
@@ -233,7 +265,8 @@ class PolicyTrainer:
         temperature = self.cfg.sampling.temperature
         batch = pack_batch(samples, self.pad_id)  # one forward per micro-batch, no padding between sequences
         logits = packed_logits(self.model, batch, temperature)
-        logp = unflatten(token_logprobs(logits, batch), batch)
+        flat_logp = token_logprobs(logits, batch)
+        logp = unflatten(flat_logp, batch)
         mask = batch.mask.to(device)
         if self.cfg.entropy_coef > 0:
             entropy = unflatten(token_entropy(logits), batch)
@@ -246,15 +279,31 @@ class PolicyTrainer:
         if self.cfg.kl_coef > 0:
             with torch.no_grad():
                 ref = unflatten(packed_logprobs(self.ref_model, batch, temperature), batch)
-        # The old policy is the behaviour policy that sampled the tokens (its log-probs come with
-        # the sample): exact for async staleness 1 and for several updates per step, without an
-        # extra forward pass. Departure from verl, which recomputes them with the trainer.
-        old = unflatten(batch.old_logprobs.to(device), batch)
         c = self.cfg
+        behaviour = unflatten(batch.old_logprobs.to(device), batch)
+        # the step's first mini-batch trains at the step-start weights (the plan gives each update whole
+        # prompt groups in prompt order; a train device reads the mini-batch off the sample ids)
+        first = mini_of_prompt(samples[0].sample_id[1], c.prompts_per_step, c.updates_per_step) == 0
+        if c.old_logprobs == "rollout":
+            # the behaviour policy that sampled the tokens (its log-probs come with the sample): exact
+            # for async staleness 1 and for several updates per step where engine and trainer agree
+            old = behaviour
+        elif first:
+            # the trainer's log-probs at the step-start weights, which this forward is: its own, detached,
+            # so the first update's ratio is exactly 1. Departure from verl, which runs a separate forward.
+            old = logp.detach()
+        else:  # AlgorithmConfig refuses recompute with updates_per_step > 1
+            raise RuntimeError(f"old_logprobs recompute: micro-batch {index} is not in the step's first mini-batch, "
+                               "whose forward is the only one at the step-start weights")
+        is_weights = truncated = None
+        if c.rollout_is != "none":
+            is_weights, truncated = rollout_is_weights(old, behaviour, mask, c.rollout_is, c.rollout_is_cap)
         loss = policy_loss(logp, old, advantages, mask, clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
                            ratio_level=c.ratio_level, agg=c.loss_agg, max_response=c.sampling.max_new_tokens,
                            kl_coef=c.kl_coef, kl_estimator=c.kl_estimator, ref_logprobs=ref,
-                           entropy_coef=c.entropy_coef, entropy=entropy)
+                           entropy_coef=c.entropy_coef, entropy=entropy, is_weights=is_weights)
+        mismatch = mismatch_stats(flat_logp.detach() - batch.old_logprobs.to(device) if first else None,
+                                  is_weights, truncated, mask)
         flat = torch.zeros(self.numel, dtype=torch.float32, device=device)  # a parameter without gradient: 0
         for p in self.params:
             p.grad = None  # the hook must see this backward's gradient alone
@@ -264,7 +313,7 @@ class PolicyTrainer:
         finally:
             self._grad_target = None
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
-                                loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum)
+                                loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch)
 
     def _flat_hook(self, offset: int):
         def hook(p: torch.Tensor) -> None:
