@@ -158,6 +158,18 @@ class RunRecord:
 
 
 @pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole test session (ray.init costs seconds here)."""
+    from poise.runtime.cluster import start_local  # first: it puts Ray in loopback-only mode
+
+    import ray
+
+    start_local(num_cpus=8)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def read_run():
     """`read_run(run_dir) -> RunRecord`: a finished run's samples, metrics, syncs and checkpoints."""
     return RunRecord.read

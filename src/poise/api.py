@@ -77,7 +77,7 @@ def check_before_work(cfg: TrainConfig) -> None:
     if cfg.rollout.backend == "vllm":
         from poise.rollout.vllm_engine import check_vllm
 
-        check_vllm(cfg.model)  # installed, and it can load this model's architecture
+        check_vllm(cfg.model, cfg.cluster.device)  # installed, and it can run this model
     if cfg.model.lora is not None and importlib.util.find_spec("peft") is None:
         raise PoiseError("model.lora needs the peft package; pip install 'poise[lora]', or drop model.lora")
     if cfg.cluster.compute == "real":

@@ -34,7 +34,9 @@ How it sits in a device worker:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -286,7 +288,7 @@ class VllmEngine:
             return
         t = time.perf_counter()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # its own process: see the module docstring
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up warnings are about serving, not this use
+        _quiet_vllm()
         self._dir = Path(tempfile.mkdtemp(prefix="poise-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         config = self.model.config
         if not config.architectures:  # a model built from a config (the seeded tiny one) names none
@@ -329,9 +331,9 @@ _TINY_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                        "mistral": "MistralForCausalLM"}
 
 
-def check_vllm(model: ModelConfig) -> None:
-    """Before the run directory and Ray: vLLM is importable here and knows the model's
-    architecture. Raises PoiseError with the fix."""
+def check_vllm(model: ModelConfig, device: str) -> None:
+    """Before the run directory and Ray: vLLM is importable here, knows the model's architecture
+    and, on CPU, has an attention kernel for its head size. Raises PoiseError with the fix."""
     try:
         found = importlib.util.find_spec("vllm") is not None
     except ImportError:  # a finder that refuses it
@@ -341,16 +343,36 @@ def check_vllm(model: ModelConfig) -> None:
                          "train from its venv (.venv-vllm/bin/poise train ...), or set rollout.backend=poise")
     config = Path(model.path or "") / "config.json"
     if model.path is None or not config.exists():  # the seeded tiny model, or the one sft_if_missing makes
-        archs = [_TINY_ARCHITECTURES[model.tiny.arch]]
+        tiny = model.tiny
+        archs, head_dim = [_TINY_ARCHITECTURES[tiny.arch]], tiny.hidden_size // tiny.num_heads
     else:
-        archs = json.loads(config.read_text()).get("architectures") or []
-    import vllm
-    from vllm import ModelRegistry
+        found = json.loads(config.read_text())
+        archs = found.get("architectures") or []
+        head_dim = found.get("head_dim") or found.get("hidden_size", 0) // max(1, found.get("num_attention_heads", 1))
+    _quiet_vllm()
+    with contextlib.redirect_stderr(io.StringIO()):  # a note vLLM prints at import, before its logging is set up
+        import vllm
+        from vllm import ModelRegistry
 
     supported = set(ModelRegistry.get_supported_archs())
     if not any(arch in supported for arch in archs):
         raise PoiseError(f"rollout.backend=vllm cannot load model.path={model.path}: vLLM {vllm.__version__} knows no "
                          f"architecture of {archs} (config.json 'architectures'); set rollout.backend=poise")
+    if device == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim not in sizes:
+            what = f"model.path={model.path}" if model.path and config.exists() else "the tiny model (model.tiny)"
+            raise PoiseError(f"rollout.backend=vllm cannot run {what} on CPU: its attention head size {head_dim} is "
+                             f"not one of vLLM's CPU kernels' {sizes}; choose a model whose hidden size / heads is "
+                             "one of them, or set rollout.backend=poise")
+
+
+def _quiet_vllm() -> None:
+    """vLLM logs at ERROR only (unless VLLM_LOGGING_LEVEL says otherwise): its start-up notes are about
+    serving (tokenizers, chat templates, preloaded allocators), not this use, and bury Poise's lines."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
 def request_seed(seed: int, sample_id: SampleId, position: int) -> int:
