@@ -19,6 +19,10 @@
 #   engine-bench     benchmarks/engine.py on the GPU (fast and bitwise engines, HF generate)
 #   memory-bench     benchmarks/gpu_memory.py: a Qwen2.5-0.5B-shaped random model, engine in bf16
 #                    and a train step, peak bytes per parameter
+#   backends-bench   benchmarks/backends.py (where `make vllm` built .venv-vllm): Poise's engine vs
+#                    vLLM on a Qwen2.5-0.5B-shaped random model in bf16: tokens/s, first sample,
+#                    weight update, memory
+#   vllm-sync        a sync 1+1 run with rollout.backend=vllm on the shared GPU (semantic)
 #
 # It prints a table of the steps and exits non-zero if any failed. The runs go to a scratch
 # directory (GPU_CHECK_DIR=... to keep them). The CPU venv that `make env` builds has a CPU-only
@@ -105,6 +109,19 @@ fi
 # the engine benchmark on the GPU (wall seconds after a sync): both modes, HF generate, bare loops
 step engine-bench 150 "$PY" benchmarks/engine.py --device cuda --requests 256 --repeats 2 --out "$WORK/bench"
 step memory-bench 150 "$PY" benchmarks/gpu_memory.py --device cuda --out "$WORK/bench"
+# vLLM next to Poise's engine on a Qwen2.5-0.5B-shaped model, where `make vllm` built its venv (on a
+# GPU machine it installs the CUDA build); VLLM_PYTHON=... to use another
+VPY=${VLLM_PYTHON:-.venv-vllm/bin/python}
+if [ -x "$VPY" ]; then
+    step backends-bench 300 "$VPY" benchmarks/backends.py --device cuda --shape qwen2.5-0.5b --context 2048 \
+        --requests 256 --median 256 --slots 64
+    step vllm-sync 240 "$VPY" -m poise train "${SMALL[@]}" rollout.backend=vllm determinism=semantic \
+        cluster.device=cuda cluster.gpus_per_device=0.5 cluster.devices=2 cluster.split=[1,1] pipeline.mode=sync \
+        algorithm.old_logprobs=recompute algorithm.rollout_is=token algorithm.updates_per_step=1 run.steps=4 \
+        "run.dir=$WORK/vllm-sync"
+else
+    echo "gpu_check: no $VPY (make vllm): the vLLM steps are skipped" >&2
+fi
 grep -A4 '^phase' "$WORK/memory-bench.log" 2>/dev/null
 
 echo

@@ -193,7 +193,8 @@ class VllmEngine:
             n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1,
             max_tokens=min(req.max_new - len(req.tokens), self.context - len(prompt)),
             seed=request_seed(self.seed, req.sample_id, len(req.tokens)), logprobs=0,
-            stop_token_ids=[self.eos_id] if self.eos_id is not None else None, detokenize=False,
+            stop_token_ids=[self.eos_id] if self.eos_id is not None else None, ignore_eos=self.eos_id is None,
+            detokenize=False,
             output_kind=RequestOutputKind.DELTA)
         self._ids += 1
         rid = f"{'-'.join(map(str, req.sample_id))}#{self._ids}"
@@ -347,7 +348,9 @@ def check_vllm(model: ModelConfig, device: str) -> None:
         archs, head_dim = [_TINY_ARCHITECTURES[tiny.arch]], tiny.hidden_size // tiny.num_heads
     else:
         found = json.loads(config.read_text())
-        archs = found.get("architectures") or []
+        # a model Poise built from a config (the tiny one, after `poise sft`) names no architecture:
+        # the engine names its class's when it starts vLLM, and that follows from the model type
+        archs = found.get("architectures") or [_TINY_ARCHITECTURES.get(found.get("model_type"), "(none)")]
         head_dim = found.get("head_dim") or found.get("hidden_size", 0) // max(1, found.get("num_attention_heads", 1))
     _quiet_vllm()
     with contextlib.redirect_stderr(io.StringIO()):  # a note vLLM prints at import, before its logging is set up
