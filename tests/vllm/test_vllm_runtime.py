@@ -62,3 +62,21 @@ def test_live_resize_with_vllm_moves_devices_both_ways(ray_session, tmp_path, wa
     assert [r["split"] for r in record.rows] == [[2, 1], [1, 2], [2, 1]]
     resizes = [e for e in record.events if e["kind"] == "resize"]
     assert [(e["mode"], e["to_train"], e["to_rollout"]) for e in resizes] == [("live", [1], []), ("live", [], [1])]
+
+
+def test_async_with_a_device_joining_as_a_vllm_instance(ray_session, tmp_path, warm_start, read_run):
+    """Async (step k's samples from weights version k-1) on a 1+1 pool that a reserve device joins
+    after step 0 as a second vLLM instance (elastic scale-out): in async it generates from step 3 on
+    (step 1's samples were made during step 0, step 2's are being made when it joins)."""
+    steps = 4
+    record = _run(tmp_path / "run", warm_start, read_run, f"run.steps={steps}", "cluster.devices=2",
+                  "cluster.split=[1,1]", "pipeline.mode=async", "cluster.reserve_devices=1",
+                  "scale.schedule=[{after_step: 0, add: 1}]")
+    record.assert_learned(warm_start)
+    expected = {(k, i, j) for k in range(steps) for i in range(PROMPTS) for j in range(GROUP)}
+    assert set(record.samples) == expected
+    assert {sid: v for sid, (_, _, v) in record.samples.items()} == {sid: max(0, sid[0] - 1) for sid in expected}
+    (join,) = [e for e in record.events if e["kind"] == "join"]
+    assert (join["devices"], join["first_step"]) == ([2], 3), join
+    samples = [e for e in record.events if e["kind"] == "sample"]
+    assert {e["instance"] for e in samples if e["step"] == 3} == {0, 2}, "the joined device generated nothing"
