@@ -53,7 +53,7 @@ $(VLLM_VENV)/.vllm: pyproject.toml
 vllm: $(VLLM_VENV)/.vllm
 
 test-vllm: $(VLLM_VENV)/.vllm
-	$(VBIN)/python -m pytest -q tests/vllm
+	$(VBIN)/python -m pytest -q tests/vllm_backend
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs

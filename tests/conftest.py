@@ -23,25 +23,15 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# tests/vllm needs vLLM, which lives in a venv of its own (`make test-vllm`, which .ci/run runs too);
-# where this Python has no vLLM they are not collected.
-collect_ignore = [] if importlib.util.find_spec("vllm") is not None else ["vllm"]
+# tests/vllm_backend needs vLLM, which lives in a venv of its own (`make test-vllm`, which .ci/run runs
+# too); where this Python has no vLLM they are not collected.
+# (poise.rollout.vllm_engine.vllm_installed's test, without importing torch here)
+_vllm = importlib.util.find_spec("vllm")
+collect_ignore = [] if _vllm is not None and _vllm.origin is not None else ["vllm_backend"]
 # Ray in loopback-only mode (see poise/runtime/__init__.py), whichever test imports ray first
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
-# The warm start: ~8 s of CPU at one thread. After it, 3 or 4 of the 4 groups of each RL step 0-2
-# have unequal partial rewards (seeds 0-2 measured). Sort-only prompts: `span` and `arith` stay
-# at reward 0 after so short an SFT, and a narrower model earns fewer partial rewards.
-WARM_START_DATA = "[{mix: {sort: 1.0}}]"
-WARM_START = [
-    "model.tiny.hidden_size=64",
-    "model.tiny.intermediate_size=128",
-    "model.tiny.max_positions=96",
-    "model.sft.steps=100",
-    "model.sft.batch_size=16",
-    "model.sft.lr=1e-2",
-    f"data.phases={WARM_START_DATA}",
-]
+from warm_shape import WARM_START, WARM_START_DATA  # noqa: E402 (tests/warm_shape.py)
 
 
 @pytest.fixture(autouse=True, scope="session")

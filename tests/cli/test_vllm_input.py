@@ -1,5 +1,5 @@
 """Bad `rollout.backend: vllm` input: one line, exit 2, before the run directory exists (so before
-Ray starts). These run in the main venv; the vLLM backend itself is tested in tests/vllm (its own
+Ray starts). These run in the main venv; the vLLM backend itself is tested in tests/vllm_backend (its own
 venv: `make test-vllm`)."""
 
 import subprocess

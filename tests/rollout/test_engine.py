@@ -10,6 +10,7 @@ import torch
 
 from poise.data.tokenizer import CharTokenizer
 from poise.errors import PoiseError
+from poise.rollout import engine as engine_module
 from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
 from poise.rollout.runner import DecoderRunner, key_bucket
 from poise.rollout.sampling import NoiseTable, SamplingConfig
@@ -375,16 +376,16 @@ def test_resume_refuses_a_partial_from_other_weights(qwen2):
 # ---- weights -------------------------------------------------------------------------------------
 
 
-def test_load_weights_in_place_and_stamp_the_version(qwen2, other_qwen2):
+def test_load_weights_in_place_and_stamp_the_version(monkeypatch, qwen2, other_qwen2):
     new = other_qwen2
     reqs = requests(6)
     expected = by_id(engine(new, num_slots=3).generate(reqs))
     eng = engine(qwen2, num_slots=3, weight_bucket_mb=0.01)  # many small buckets
     before = by_id(eng.generate(reqs))
     staged = []
-    original = eng._copy_bucket
-    eng._copy_bucket = lambda bucket: (staged.append(sum(t.numel() * t.element_size() for t, _ in bucket)),
-                                       original(bucket))
+    original = engine_module._copy_bucket
+    monkeypatch.setattr(engine_module, "_copy_bucket", lambda bucket: (
+        staged.append(sum(t.numel() * t.element_size() for t, _ in bucket)), original(bucket)))
     eng.load_weights(dict(new.named_parameters()), version=1)
     after = by_id(eng.generate(reqs))
     assert len(staged) > 3 and max(staged) <= 0.01 * 2**20 + max(p.numel() * 4 for p in new.parameters())

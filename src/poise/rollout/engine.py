@@ -492,13 +492,7 @@ class Engine:
         self._queue.extendleft(reversed(seqs))
 
     def _resume_check(self, partial: Sample) -> _Sequence:
-        if partial.finish_reason != "abort":
-            raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
-                                                  "aborted partial samples can be resumed")
-        if partial.token_ids and partial.weights_version != self.version:
-            raise RequestError(partial.sample_id, f"was generated under weights version "
-                                                  f"{partial.weights_version} but this engine holds version "
-                                                  f"{self.version}; resume it where the weights match")
+        check_resumable(partial, self.version)
         seq = self._admit_check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
                                 list(partial.token_ids))
         seq.logprobs = list(partial.logprobs)
@@ -542,6 +536,18 @@ class Engine:
             raise EngineBusyError(f"changing weights with {in_flight} sequences in flight would mix weights "
                                   f"versions {self.version} and {version} in one sample; drain them (stream()) "
                                   "or abort them first")
+
+def check_resumable(partial: Sample, version: int) -> None:
+    """A partial sample an engine holding weights `version` may continue, or RequestError naming it:
+    an aborted one, generated (if at all) under the same version."""
+    if partial.finish_reason != "abort":
+        raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
+                                              "aborted partial samples can be resumed")
+    if partial.token_ids and partial.weights_version != version:
+        raise RequestError(partial.sample_id, f"was generated under weights version {partial.weights_version} "
+                                              f"but this engine holds version {version}; resume it where the "
+                                              "weights match")
+
 
 def check_named_weights(model: torch.nn.Module,
                         named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]):

@@ -51,7 +51,8 @@ import torch
 
 from poise.config import EngineConfig, ModelConfig, SamplingConfig
 from poise.errors import PoiseError
-from poise.rollout.engine import (EngineBusyError, RequestError, check_named_weights, copy_named_weights)
+from poise.rollout.engine import (EngineBusyError, RequestError, check_named_weights, check_resumable,
+                                  copy_named_weights)
 from poise.rollout.sampling import key_prefix
 from poise.types import FinishReason, Request, Sample, SampleId
 
@@ -222,13 +223,7 @@ class VllmEngine:
         reqs: list[_Request] = []
         try:
             for partial in partials:
-                if partial.finish_reason != "abort":
-                    raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
-                                                          "aborted partial samples can be resumed")
-                if partial.token_ids and partial.weights_version != self.version:
-                    raise RequestError(partial.sample_id, f"was generated under weights version "
-                                                          f"{partial.weights_version} but this engine holds "
-                                                          f"version {self.version}; resume it where they match")
+                check_resumable(partial, self.version)
                 req = self._check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
                                   list(partial.token_ids))
                 req.logprobs, req.submit_time = list(partial.logprobs), partial.submit_time
@@ -328,6 +323,16 @@ class VllmEngine:
         self.weight_loads.append(time.perf_counter() - t)
 
 
+def vllm_installed() -> bool:
+    """Whether this Python can import vLLM (a folder named vllm on the path, a namespace package with
+    no code, does not count)."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except ImportError:  # a finder that refuses it
+        return False
+    return spec is not None and spec.origin is not None
+
+
 _TINY_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
                        "mistral": "MistralForCausalLM"}
 
@@ -335,11 +340,7 @@ _TINY_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
 def check_vllm(model: ModelConfig, device: str) -> None:
     """Before the run directory and Ray: vLLM is importable here, knows the model's architecture
     and, on CPU, has an attention kernel for its head size. Raises PoiseError with the fix."""
-    try:
-        found = importlib.util.find_spec("vllm") is not None
-    except ImportError:  # a finder that refuses it
-        found = False
-    if not found:
+    if not vllm_installed():
         raise PoiseError("rollout.backend=vllm needs vLLM, which this Python does not have: run `make vllm` and "
                          "train from its venv (.venv-vllm/bin/poise train ...), or set rollout.backend=poise")
     config = Path(model.path or "") / "config.json"

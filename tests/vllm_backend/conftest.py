@@ -7,18 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-WARM_START_DATA = "[{mix: {sort: 1.0}}]"
-WARM_START = [
-    "model.tiny.hidden_size=64",
-    "model.tiny.num_heads=2",
-    "model.tiny.num_kv_heads=1",
-    "model.tiny.intermediate_size=128",
-    "model.tiny.max_positions=96",
-    "model.sft.steps=100",
-    "model.sft.batch_size=16",
-    "model.sft.lr=1e-2",
-    f"data.phases={WARM_START_DATA}",
-]
+from warm_shape import WARM_START as SESSION_WARM_START, WARM_START_DATA  # tests/warm_shape.py
+
+WARM_START = [*SESSION_WARM_START, "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1"]  # the last value wins
 
 
 @pytest.fixture(scope="session")
