@@ -278,8 +278,10 @@ class AlgorithmConfig:
         "rollout", "the PPO ratio's old log-probs. rollout: the rollout engine's, which come with each sample "
                    "(exact where engine and trainer agree bit for bit, as Poise's engine in fp32); recompute: "
                    "the trainer's own under the step-start weights, as verl recomputes them, so another backend "
-                   "(vLLM) or bf16 leaves the first update's ratio at exactly 1 (departure from verl: taken from "
-                   "the step's own forward, detached, not a separate forward; needs updates_per_step 1). In async "
+                   "(vLLM) or bf16 leaves the first update's ratio at exactly 1 (departure from verl: the first "
+                   "mini-batch's are its own forward's, detached, not a separate forward; with updates_per_step > 1 "
+                   "each train device keeps a copy of the step-start weights for the later mini-batches, one more "
+                   "forward each). In async "
                    "mode the samples come from the weights one update older: recompute makes the trainer's "
                    "current weights the proximal policy (decoupled PPO, as AReaL and verl) and rollout_is "
                    "corrects behaviour -> proximal")
@@ -319,10 +321,6 @@ class AlgorithmConfig:
         check(self.updates_per_step >= 1, "updates_per_step", self.updates_per_step, "must be >= 1")
         check(self.prompts_per_step % self.updates_per_step == 0, "updates_per_step", self.updates_per_step,
               f"must divide prompts_per_step ({self.prompts_per_step}) so each update gets whole groups")
-        check(self.old_logprobs != "recompute" or self.updates_per_step == 1, "old_logprobs", self.old_logprobs,
-              f"needs updates_per_step 1, got {self.updates_per_step}: streaming trains later mini-batches after "
-              "the first update, when the step-start log-probs are gone; set algorithm.updates_per_step=1 or "
-              "algorithm.old_logprobs=rollout")
         check(self.rollout_is == "none" or self.old_logprobs == "recompute", "rollout_is", self.rollout_is,
               "needs algorithm.old_logprobs=recompute: with old_logprobs rollout every weight is exactly 1; set "
               "it, or rollout_is=none")
@@ -603,6 +601,10 @@ class TrainConfig:
               "use history or learned")
         self._check_resize()
         self._check_scale()
+        a = self.algorithm
+        check(not self.pipeline.assist or a.old_logprobs == "rollout" or a.updates_per_step == 1, "pipeline.assist",
+              True, "with algorithm.old_logprobs=recompute and updates_per_step > 1 is not built (a helping rollout "
+              "device keeps no step-start weights); set updates_per_step=1 or pipeline.assist=false")
         check(not self.pipeline.assist or self.cluster.shard == "none", "pipeline.assist", True,
               "is not built with cluster.shard=optimizer (a helping rollout device owns no optimizer state); "
               "drop one of them")

@@ -90,8 +90,8 @@ def test_unknown_loss_and_inverted_clip(tmp_path):
     (["algorithm.rollout_is=token"], ["algorithm.rollout_is", "'token'", "old_logprobs=recompute"]),
     (["algorithm.old_logprobs=recompute", "algorithm.rollout_is=token", "algorithm.rollout_is_cap=0.9"],
      ["algorithm.rollout_is_cap", "0.9", ">= 1"]),
-    (["algorithm.old_logprobs=recompute", "algorithm.updates_per_step=2"],
-     ["algorithm.old_logprobs", "'recompute'", "updates_per_step 1, got 2", "algorithm.updates_per_step=1"]),
+    (["algorithm.old_logprobs=recompute", "algorithm.updates_per_step=2", "pipeline.assist=true"],
+     ["pipeline.assist", "updates_per_step > 1", "updates_per_step=1 or pipeline.assist=false"]),
 ])
 def test_old_logprobs_and_rollout_is_bad_values(tmp_path, overrides, words):
     assert_one_line_error(poise("train", *overrides, f"run.dir={tmp_path}/run"), *words)

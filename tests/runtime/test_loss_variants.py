@@ -6,8 +6,8 @@ Each variant sets knobs off their defaults on every path that could diverge acro
 trainer group's advantages (reinforce_pp waits for the whole step; rloo per group), its loss
 normaliser (constant, sequence), the loss on each train device (clip-higher, sequence ratio, a
 KL estimator other than k3 with its reference model, the entropy bonus) and the rewards (overlong
-shaping), the old log-probs (recomputed by the trainer) with truncated importance sampling whose
-cap bites. Runs start from the session's SFT warm start, so weights move every step (asserted),
+shaping), the old log-probs (recomputed by the trainer, over two updates a step) with truncated
+importance sampling whose cap bites. Runs start from the session's SFT warm start, so weights move every step (asserted),
 and are compared by every sample's tokens and logprobs, the bytes of model and optimizer after
 every step, and the rollout/trainer mismatch metrics (a histogram summed over micro-batches).
 """
@@ -30,9 +30,10 @@ VARIANTS = {
                                               "algorithm.kl_estimator=k2", "algorithm.entropy_coef=0.01",
                                               "algorithm.advantage=reinforce_pp", "algorithm.loss_agg=constant"],
     "gspo-rloo-overlong": ["algorithm.loss=gspo", "algorithm.advantage=rloo", "algorithm.overlong_buffer=4"],
-    # cap 1: every weight above 1 is cut (Poise's engine and trainer differ by ~1e-7 in fp32)
+    # cap 1: every weight above 1 is cut (Poise's engine and trainer differ by ~1e-7 in fp32); two
+    # updates a step: the second mini-batch's old log-probs come from each device's step-start copy
     "recompute-tis-token": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is=token",
-                            "algorithm.rollout_is_cap=1.0"],
+                            "algorithm.rollout_is_cap=1.0", "algorithm.updates_per_step=2"],
 }
 
 

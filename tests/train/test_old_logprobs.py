@@ -140,3 +140,24 @@ def test_the_histogram_reports_quantiles_within_its_resolution():
             assert got * exact > 0 and abs(math.log10(abs(got) / abs(exact))) <= 0.05 + 1e-9, (q, got, exact)
     assert log_ratio_histogram(torch.tensor([25.0, -1e-12]))[LOG_RATIO_BINS - 1] == 1  # beyond 10: the top bin
     assert bin_value(LOG_RATIO_BINS - 1) > 8
+
+
+def test_later_mini_batches_take_the_step_start_weights():
+    """updates_per_step 2: the second mini-batch (prompt 1) trains after the first update; its old
+    log-probs are the step-start weights' (the copy taken before that update), so its ratio is not 1
+    but exp(logp now - logp at the step's start), and the copy follows the weights step by step."""
+    trainer = PolicyTrainer(_model(), AlgorithmConfig(prompts_per_step=2, group_size=4, updates_per_step=2,
+                                                      old_logprobs="recompute", lr=0.05), pad_id=0)
+    samples = {s.sample_id: s for s in _samples(0) + _samples(1)}
+    advantages = {sid: float(ADVANTAGES[sid[2]]) for sid in samples}
+    start = _trainer_logprobs(_samples(1))  # prompt 1's log-probs at the initial (step-start) weights
+    with pytest.raises(RuntimeError, match="step-start weights"):  # before any update: nothing kept yet
+        trainer.micro_batch_grad(0, _samples(1), ADVANTAGES)
+    trainer.train_step(list(samples.values()), advantages)
+    kept = packed_logprobs(trainer._step_start, pack_batch(_samples(1), pad_id=0), 1.0)
+    assert torch.equal(kept, start), "the copy is not the weights the step started from"
+    now = packed_logprobs(trainer.model, pack_batch(_samples(1), pad_id=0), 1.0)
+    assert not torch.equal(now, start)  # two updates moved the weights
+    trainer.train_step(list(samples.values()), advantages)  # the next step: the copy is refreshed
+    moved = packed_logprobs(trainer._step_start, pack_batch(_samples(1), pad_id=0), 1.0)
+    assert torch.equal(moved, now.detach())

@@ -228,6 +228,9 @@ class PolicyTrainer:
         # fp32 master copy lives in its optimizer state beside the moments (`master`), made from the
         # compute weights at its first update, so it moves, reshards and checkpoints with them
         self.mixed = self.params[0].dtype != torch.float32
+        self.updates = 0  # updates this trainer took: a multiple of updates_per_step between two steps
+        self._step_start: torch.nn.Module | None = None  # old_logprobs recompute, updates_per_step > 1
+        self._step_start_pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def fresh_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
         """Zeroed optimizer state of parameter `p`, to receive a transfer into (fp32 moments, and
@@ -250,10 +253,27 @@ class PolicyTrainer:
         return self._ref
 
     def release_reference(self) -> None:
-        """Free a reference model built on demand (a device leaving the trainer); the next
-        micro-batch that needs it builds it again."""
+        """Free a reference model built on demand and the step-start copy (a device leaving the
+        trainer); the next micro-batch or update that needs one builds it again."""
         if self._ref_factory is not None:
             self._ref = None
+        self._step_start, self._step_start_pairs = None, []
+
+    def _keep_step_start(self) -> None:
+        """`old_logprobs: recompute` with several updates a step: before the step's first update,
+        copy the weights it starts from, whose log-probs the later mini-batches' ratios need (their
+        micro-batches train after that update). A copy of the module made once (frozen weights are
+        never copied again: LoRA's base), then its trained parameters refreshed each step."""
+        if self._step_start is None:
+            import copy
+
+            self._step_start = copy.deepcopy(self.model).requires_grad_(False).eval()
+            copies = dict(self._step_start.named_parameters())
+            self._step_start_pairs = [(copies[name], p) for name, p in self.model.named_parameters() if p.requires_grad]
+            return
+        with torch.no_grad():
+            for copy_, p in self._step_start_pairs:
+                copy_.copy_(p)
 
     def micro_batch_grad(self, index: int, samples: Sequence[SampleLike],
                          advantages: torch.Tensor) -> MicroBatchResult:
@@ -292,9 +312,12 @@ class PolicyTrainer:
             # the trainer's log-probs at the step-start weights, which this forward is: its own, detached,
             # so the first update's ratio is exactly 1. Departure from verl, which runs a separate forward.
             old = logp.detach()
-        else:  # AlgorithmConfig refuses recompute with updates_per_step > 1
-            raise RuntimeError(f"old_logprobs recompute: micro-batch {index} is not in the step's first mini-batch, "
-                               "whose forward is the only one at the step-start weights")
+        else:  # a later mini-batch: the step-start weights' copy, taken before the step's first update
+            if self._step_start is None:
+                raise RuntimeError(f"old_logprobs recompute: micro-batch {index} of a later mini-batch came before "
+                                   "this device took the step's first update (no step-start weights here)")
+            with torch.no_grad():
+                old = unflatten(packed_logprobs(self._step_start, batch, temperature), batch)
         is_weights = truncated = None
         if c.rollout_is != "none":
             is_weights, truncated = rollout_is_weights(old, behaviour, mask, c.rollout_is, c.rollout_is_cap)
@@ -333,6 +356,10 @@ class PolicyTrainer:
         has the unsharded bits; AdamW steps only the parameters given a gradient, so an owner holds
         and updates the state of its run alone.
         """
+        c = self.cfg
+        if c.old_logprobs == "recompute" and c.updates_per_step > 1 and self.updates % c.updates_per_step == 0:
+            self._keep_step_start()  # every train device takes every update, so this is the step's first
+        self.updates += 1
         params = self.params[first:first + len(summed_grads)]
         if self.mixed:
             return self._mixed_update(params, [g / normaliser for g in summed_grads], gather)
