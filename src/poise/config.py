@@ -414,10 +414,12 @@ class ClusterConfig:
         "auto", "how devices reach the driver's run.dir for checkpoints: auto probes each Ray node (one that "
                 "does not see run.dir sends and receives checkpoints through the driver), shared trusts every "
                 "node to see it, driver sends every checkpoint byte through the driver")
-    shard: Literal["none", "optimizer"] = help_field(
+    shard: Literal["none", "optimizer", "full"] = help_field(
         "none", "none: every train device holds the whole AdamW state; optimizer: each of the W train devices "
-                "owns the state of 1/W of the parameters (whole tensors), steps them and all-gathers them "
-                "(the same bits as none; checkpoints the same bytes). Parameter sharding (full) is not built yet")
+                "owns the state of 1/W of the parameters (whole tensors), steps them and all-gathers them; full: "
+                "each holds only its 1/W of the parameters too, gathers each module's for its forward and "
+                "backward and sends each gradient to its owner (micro-batches in lockstep rounds). All three "
+                "give the same bits and write the same checkpoint bytes")
     max_recoveries: int = help_field(3, "worker deaths a run survives (each: the dead actor replaced, the state "
                                         "restored from a surviving train device, the step run again); 0: stop "
                                         "at the first")
@@ -606,8 +608,9 @@ class TrainConfig:
               True, "with algorithm.old_logprobs=recompute and updates_per_step > 1 is not built (a helping rollout "
               "device keeps no step-start weights); set updates_per_step=1 or pipeline.assist=false")
         check(not self.pipeline.assist or self.cluster.shard == "none", "pipeline.assist", True,
-              "is not built with cluster.shard=optimizer (a helping rollout device owns no optimizer state); "
-              "drop one of them")
+              f"is not built with cluster.shard={self.cluster.shard} (a helping rollout device owns no optimizer "
+              "state); drop one of them")
+        self._check_full_shard()
         check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
               f"needs pipeline.mode=sync (with {self.pipeline.mode}, no rollout device is idle while the trainer "
               "works); set it false")
@@ -624,6 +627,19 @@ class TrainConfig:
             check(s.max_new_tokens < need, "algorithm.sampling.max_new_tokens", s.max_new_tokens,
                   f"must leave room for the prompt within model.tiny.max_positions ({need})")
 
+
+    def _check_full_shard(self) -> None:
+        """What `cluster.shard: full` does not shard yet: the models beside the policy."""
+        if self.cluster.shard != "full":
+            return
+        a = self.algorithm
+        check(a.kl_coef == 0, "cluster.shard", "full", f"with algorithm.kl_coef={a.kl_coef} is not built (the "
+              "reference model would be a whole copy on every train device); use cluster.shard=optimizer")
+        check(a.old_logprobs == "rollout" or a.updates_per_step == 1, "cluster.shard", "full",
+              "with algorithm.old_logprobs=recompute and updates_per_step > 1 is not built (the step-start "
+              "weights would be a whole copy); set updates_per_step=1 or cluster.shard=optimizer")
+        check(self.model.lora is None, "cluster.shard", "full", "with model.lora is not built (the adapter is "
+              "small: use cluster.shard=optimizer or none)")
 
     def _check_backend(self) -> None:
         """What the vLLM backend cannot do (rollout/vllm_engine.py)."""

@@ -122,12 +122,17 @@ def test_train_devices_hold_log_m_gradients_and_receive_a_few_gradients_an_updat
             assert 0 < e["received_bytes"] <= 2.5 * e["grad_bytes"], (split, e)
 
 
-@pytest.mark.parametrize("split", [(1, 3), (2, 2)], ids=lambda s: f"{s[0]}+{s[1]}")  # 3+1: one owner of all
-def test_sharded_optimizer_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split):
+SHARDED = [((1, 3), "optimizer"), ((2, 2), "optimizer"), ((1, 3), "full"), ((2, 2), "full"), ((3, 1), "full")]
+
+
+@pytest.mark.parametrize("split,shard", SHARDED, ids=[f"{a}+{b}-{s}" for (a, b), s in SHARDED])
+def test_sharded_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split, shard):
     """cluster.shard=optimizer: each train device steps the AdamW state of its run of parameters
     alone, the checkpoints (written by the leader from every owner's part) hold the same bytes as
-    the colocated loop's, and each device holds its part of the state, not all of it."""
-    got = runs.disaggregated("sync", split, "cluster.shard=optimizer")
+    the colocated loop's, and each device holds its part of the state, not all of it. full: the
+    same, and each device holds the weights of its run alone (gathered module by module in lockstep
+    rounds, each gradient sent to its owner); the weight sync comes from every owner."""
+    got = runs.disaggregated("sync", split, f"cluster.shard={shard}")
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
     got.assert_bitwise_equal(reference, f"sync {split} sharded vs colocated")
@@ -144,9 +149,21 @@ def test_sharded_optimizer_state_equals_colocated_for_every_split(ray_session, r
     assert sum(parts) == full, (parts, full)  # every parameter's state once, nowhere twice
     if split[1] > 1:
         assert max(parts) < full, (parts, full)
+    weights = {}  # the parameter bytes each train device held at its updates
+    for e in got.events:
+        if e["kind"] == "interval" and e["phase"] == "update":
+            weights.setdefault(e["device"], set()).add(e["parameter_bytes"])
+    whole_weights = {b for e in whole.events if e["kind"] == "interval" and e["phase"] == "update"
+                     for b in [e["parameter_bytes"]]}
+    if shard == "full":
+        assert sum(max(b) for b in weights.values()) == max(whole_weights), (weights, whole_weights)
+        if split[1] > 1:
+            assert all(max(b) < max(whole_weights) for b in weights.values()), (weights, whole_weights)
+    else:
+        assert all(b == whole_weights for b in weights.values()), (weights, whole_weights)
 
 
-@pytest.mark.parametrize("split,shard", [((1, 3), "optimizer")], ids=["1+3-optimizer"])
+@pytest.mark.parametrize("split,shard", [((1, 3), "optimizer"), ((2, 2), "full")], ids=["1+3-optimizer", "2+2-full"])
 def test_bfloat16_equals_the_bfloat16_colocated_loop(ray_session, runs, warm_start, split, shard):
     """model.dtype=bfloat16: bf16 compute in the engine and the trainer, fp32 masters and moments
     (in the optimizer state, so they reshard and checkpoint with it); the bitwise promise holds

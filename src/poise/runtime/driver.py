@@ -166,13 +166,29 @@ class Runtime:
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s, **self.helpers())
+                                    step_timeout_s=c.step_timeout_s, lockstep=self.full, **self.helpers())
 
     @property
     def sharded(self) -> bool:
-        """`cluster.shard: optimizer` on real compute: each train device owns part of the optimizer
-        state, so a checkpoint needs every train device and a resize reshards."""
-        return self.cfg.cluster.shard == "optimizer" and self.spec.emulated is None
+        """`cluster.shard: optimizer | full` on real compute: each train device owns part of the
+        optimizer state, so a checkpoint needs every train device and a resize reshards."""
+        return self.cfg.cluster.shard != "none" and self.spec.emulated is None
+
+    @property
+    def full(self) -> bool:
+        """`cluster.shard: full` on real compute: the parameters are sharded too, so a weight sync
+        comes from every owner and the weights' digest needs every train device."""
+        return self.cfg.cluster.shard == "full" and self.spec.emulated is None
+
+    def sync_senders(self) -> list[int]:
+        """The devices a weight sync comes from: the train leader, or every owner (`shard: full`)."""
+        return list(self.train_ranks) if self.full else [self.leader]
+
+    def publish_refs(self, version: int, after: list | None) -> list:
+        """Queue weights `version` to every rollout device (`publish_weights_refs`), behind `after`."""
+        owners = {d: self.workers[d] for d in self.train_ranks} if self.full else None
+        return self.service.publish_weights_refs(self.workers[self.leader], self.leader, version,
+                                                 self.cfg.rollout.weight_bucket_mb, after, owners)
 
     def helpers(self) -> dict:
         """`pipeline.assist`: the pool's rollout devices (a joined reserve device is not in the
@@ -198,15 +214,15 @@ class Runtime:
     def publish_weights_refs(self, version: int) -> list:
         """Queue weights `version` from the train leader to every rollout device behind the step's
         last update (generation is over: the rollout devices are free to receive)."""
-        return self.service.publish_weights_refs(self.workers[self.leader], self.leader, version,
-                                                 self.cfg.rollout.weight_bucket_mb, [self.trainer.last_update_ref()])
+        return self.publish_refs(version, [self.trainer.last_update_ref()])
 
     def digests(self) -> tuple[str, list[str]]:
         """The train leader's weights digest and every rollout device's."""
-        devices = [self.leader] + self.rollout_ranks
+        senders = self.sync_senders()  # shard: full: every owner takes part, the leader answers
+        devices = senders + self.rollout_ranks
         digests = faults.wait([self.workers[d].weights_digest.remote() for d in devices], devices,
                               "the weight-sync check", self.cfg.cluster.step_timeout_s, self)
-        return digests[0], digests[1:]
+        return digests[0], digests[len(senders):]
 
     def shutdown(self) -> None:
         self.stop()
@@ -309,8 +325,7 @@ class Driver:
                 problems_ahead = self.source.problems(step + 1)
                 self.start_generation(step + 1, problems_ahead)
                 self.generated[step + 1] = self.collect(problems_ahead, step=step + 1)
-            syncing = self.rt.service.publish_weights_refs(self.rt.workers[self.rt.leader], self.rt.leader,
-                                                           self.version, self.cfg.rollout.weight_bucket_mb, None)
+            syncing = self.rt.publish_refs(self.version, None)
             self.queue_next_generation(step)
         self.injector.at(self.rt, "publish", step)
         sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
@@ -520,7 +535,7 @@ class Driver:
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:
         """Wait for weights version `self.version` to reach every rollout device."""
-        seconds = max(faults.wait(syncing, [self.rt.leader, *self.rt.rollout_ranks], f"weight sync of step {step}",
+        seconds = max(faults.wait(syncing, [*self.rt.sync_senders(), *self.rt.rollout_ranks], f"weight sync of step {step}",
                                   self.cfg.cluster.step_timeout_s), default=0.0)
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
@@ -628,7 +643,7 @@ class Driver:
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
                       **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
         for u in updates:  # real compute reports the reduction's traffic
-            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes") if k in u}
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes", "parameter_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
                       step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens

@@ -114,6 +114,8 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     if rt.sharded:  # first: a leaving owner hands its state on before its engine starts (it waits for that)
         t = time.perf_counter()
         old_train = list(rt.train_ranks)
+        if rt.full:  # the parameters are sharded too: the whole model back on every old train device first
+            ray.get([workers[d].gather_weights.remote() for d in old_train])
         report.staged_by = sorted(set(old_train) | set(new_train))
         ray.get([workers[d].reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20))
                  for d in report.staged_by])

@@ -207,9 +207,18 @@ class StreamGenerationService:
             del self.instance_of[sid]
 
     def publish_weights_refs(self, train_leader: object, leader_rank: int, version: int, bucket_mb: float,
-                             after: list) -> list:
+                             after: list, owners: dict[int, object] | None = None) -> list:
         """Queue the bucketed broadcast trainer -> every rollout instance over the cached sync group,
-        behind `after` (the leader's last update); returns the refs of each side's seconds."""
+        behind `after` (the leader's last update); returns the refs of each side's seconds.
+        `owners` (`cluster.shard: full`, train rank -> worker): each sends the parameters it owns."""
+        if owners:
+            sources = sorted(owners)
+            ranks = sources + [inst.device for inst in self.instances]
+            refs = [owners[d].sync_weights.remote(leader_rank, ranks, version, bucket_mb,
+                                                  requires=after if d == leader_rank else None, sources=sources)
+                    for d in sources]
+            return refs + [inst.worker.sync_weights.remote(leader_rank, ranks, version, bucket_mb, after,
+                                                           sources=sources) for inst in self.instances]
         ranks = [leader_rank] + [inst.device for inst in self.instances]
         # after its update, and only if it succeeded (the receivers wait on it through `after`)
         refs = [train_leader.sync_weights.remote(leader_rank, ranks, version, bucket_mb, requires=after)]

@@ -27,6 +27,7 @@ from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
                                     save_checkpoint)
 from poise.train.lora import trained_parameters
+from poise.runtime.full_shard import ParameterShards
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
 from poise.train.sharding import element_bounds, owner_runs
 from poise.train.trainer import PolicyTrainer, param_views
@@ -140,15 +141,18 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
 
 
 class TorchTrainShard:
-    """`shard`: `none` (every train device holds the whole AdamW state) or `optimizer` (each owns
+    """`shard`: `none` (every train device holds the whole AdamW state), `optimizer` (each owns
     the state of one run of whole parameters, train/sharding.py: its slice of the reduction is its
-    run, it clips and steps its run, and the updated parameters return by all-gather)."""
+    run, it clips and steps its run, and the updated parameters return by all-gather) or `full`
+    (each holds its run's parameters alone too: runtime/full_shard.py; micro-batches run in
+    lockstep rounds, `train_round`, and the updated parameters stay with their owners)."""
 
     def __init__(self, rank: int, trainer: PolicyTrainer, comm: CommunicatorCache, bitwise: bool,
                  device: torch.device, on_version, shard: str = "none") -> None:
         self.rank, self.trainer, self.comm, self.bitwise, self.device = rank, trainer, comm, bitwise, device
         self.on_version = on_version  # the worker stamps restored versions on its engine
-        self.sharded = shard == "optimizer"
+        self.sharded = shard in ("optimizer", "full")
+        self.full = ParameterShards(trainer, comm, device, rank, bitwise) if shard == "full" else None
         self.numel = trainer.numel
         self.sizes = [shape.numel() for shape in trainer.shapes]
         names = {p: n for n, p in trainer.model.named_parameters()}
@@ -175,6 +179,28 @@ class TorchTrainShard:
                 "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,  # ~200 ints of histogram at most
                 "start": start, "end": time.time(), "device": self.rank, "held_grads": len(self._tree)}
 
+    def train_round(self, index: int | None, samples, advantages, ranks: list[int]) -> dict | None:
+        """`shard: full`: this device's micro-batch of a lockstep round over train devices `ranks`
+        (None: it has none left in this mini-batch, and runs the stand-in with the others)."""
+        start = time.time()
+        if index is not None and index in self._held:
+            raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
+        self.full.begin_round(ranks, index)
+        try:
+            if index is None:
+                samples, advantages = self.full.stand_in(self.trainer.pad_id), [0.0]
+            result = self.trainer.micro_batch_grad(-1 if index is None else index, samples,
+                                                   torch.tensor(advantages, dtype=torch.float32))
+        finally:
+            self.full.end_round()
+        if index is None:
+            return None
+        self._held.add(index)
+        return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
+                "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
+                "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,
+                "start": start, "end": time.time(), "device": self.rank, "held_grads": 0}
+
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, inputs_ready: float | None = None) -> dict:
         """Reduce the mini-batch's micro-batch gradients over `ranks` and take one step.
@@ -187,7 +213,9 @@ class TorchTrainShard:
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
-        if self.sharded:
+        if self.full is not None:
+            norm, received = self._full_update(num_micro_batches, indices, normaliser, ranks)
+        elif self.sharded:
             norm, received = self._sharded_update(num_micro_batches, indices, normaliser, ranks, rows)
         else:
             total, received = self._reduce(num_micro_batches, indices, ranks, rows)
@@ -195,6 +223,7 @@ class TorchTrainShard:
         traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
         traffic["optimizer_bytes"] = sum(t.numel() * t.element_size() for st in self.trainer.optimizer.state.values()
                                          for t in st.values() if torch.is_tensor(t))
+        traffic["parameter_bytes"] = sum(p.untyped_storage().nbytes() for p in self.trainer.params)  # held here
         return {"grad_norm": norm, "start": start, "end": time.time(), "device": self.rank, "barrier_s": barrier_s,
                 **traffic}
 
@@ -227,6 +256,33 @@ class TorchTrainShard:
         if received is not None:
             received += 4 * max(counts) * len(ranks) + gathered
         return norm, received
+
+    def _full_update(self, m: int, indices: list[int], normaliser: float, ranks: list[int]) -> tuple[float, int]:
+        """`shard: full`: the owner's gradients already sit in its trees (sent during the rounds);
+        clip and step its run as `optimizer` does. The parameters stay with their owners."""
+        if self._held != set(indices):
+            raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
+                               f"got {sorted(self._held)}")
+        self._held = set()
+        ranks = sorted(ranks)
+        self.full.shard_over(ranks)  # a mini-batch of this device's micro-batches alone has had no round
+        group, me = self.comm.get(ranks), ranks.index(self.rank)
+        runs = owner_runs(self.sizes, len(ranks))
+        first, end = runs[me]
+        self._check_state(first, end)
+        grads = self.full.summed(m, first, end)
+        counts = [b - a for a, b in runs]
+        norm = self.trainer.apply_update(grads, normaliser, first, lambda mine: _gather_ragged(mine, counts, me, group))
+        self.stepped = True
+        received, self.full.received = self.full.received + 4 * max(counts) * len(ranks), 0
+        return norm, received
+
+    def gather_weights(self) -> None:
+        """`shard: full`, before a live resize: every train device takes the whole model again
+        (collective over the train group; a device leaving for rollout needs it, the others
+        shard again over the new group at their next round)."""
+        if self.full is not None:
+            self.full.gather_all(keep=True)
 
     def _check_state(self, first: int, end: int) -> None:
         """An owner steps with the state of exactly its run (all of it once any update happened):
@@ -288,6 +344,9 @@ class TorchTrainShard:
         """Leaving the trainer: free the optimizer state (a peer re-sends it if this device returns)
         and the reference model (rebuilt if it trains again)."""
         self.wait_staging()
+        if self.full is not None and self.full.ranks is not None:
+            raise RuntimeError(f"device {self.rank} leaves the trainer holding only its shard of the weights; "
+                               "gather_weights must run on every train device first")
         self.trainer.optimizer.state.clear()
         self.trainer.release_reference()
 
@@ -297,13 +356,22 @@ class TorchTrainShard:
         are the train devices: every other one runs `send_optimizer_state` meanwhile, and their
         state streams into the one optimizer file, tensor by tensor, in parameter order."""
         self.wait_staging()
+        sharded_over = self.full.ranks if self.full is not None else None
+        if sharded_over is not None and ranks:  # shard: full: every owner broadcasts its run; this writer keeps them
+            self.full.gather_all(keep=True)
         entries = self._state_entries(ranks, self.rank) if self.sharded and ranks else None
-        return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
-                                   extra, entries))
+        try:
+            return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer,
+                                       TrainState(step, version), extra, entries))
+        finally:
+            if sharded_over is not None and ranks:
+                self.full.shard_over(sharded_over)
 
     def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
         """Sharded: this owner's part of the checkpoint train device `writer` writes."""
         self.wait_staging()
+        if self.full is not None and self.full.ranks is not None:  # the writer gathers the weights first
+            self.full.gather_all(keep=False)
         self._state_entries(ranks, writer)
 
     def _state_entries(self, ranks: list[int], writer: int):
@@ -351,12 +419,20 @@ class TorchTrainShard:
                     else (0, len(self.names))
                 owned = set(self.names[first:end])
         self.trainer.optimizer.state.clear()
+        if self.full is not None:  # the whole model is read, then what this device does not own is freed
+            self.full.hold_all()
         state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer, owned)
+        if self.full is not None and train_ranks is not None and self.rank in train_ranks:
+            self.full.shard_over(train_ranks)
         self.stepped = has_optimizer_state(Path(path))
         self.on_version(state.weights_version)
         return state.step, state.weights_version
 
-    def digest(self) -> str:
+    def digest(self) -> str | None:
+        """The weights' digest; `shard: full` while sharded: collective over the train group, the
+        group's first device returns it (the others None)."""
+        if self.full is not None and self.full.ranks is not None:
+            return self.full.digest(self.names)
         return weights_digest(self.trainer.model)
 
 
@@ -600,8 +676,14 @@ class BroadcastSync:
         return self.comm.created_after_prewarm
 
     def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
-                sender_ready: float | None = None) -> float:
+                sender_ready: float | None = None, sources: list[int] | None = None) -> float:
+        """`sources` (`shard: full`): the train devices, each of which sends the parameters it owns
+        to every other rank of `ranks`, point to point; no device assembles the model to send it."""
         start = time.time()  # the broadcast itself waits for the sender: `sender_ready` is not needed
+        if sources:
+            self._publish_from_owners(sorted(sources), ranks, version, bucket_mb)
+            _sync(self.device)
+            return time.time() - start
         group = self.comm.get(ranks)
         if self.rank == src:  # the leader's engine shares its weights
             self._broadcast(src, group, bucket_mb)
@@ -611,19 +693,43 @@ class BroadcastSync:
         _sync(self.device)  # a CUDA broadcast returns at enqueue: time the transfer itself
         return time.time() - start
 
-    def _buckets(self, bucket_mb: float):
+    def _buckets(self, bucket_mb: float, owner: list[int] | None = None):
         """Consecutive runs of named parameters of at most `bucket_mb` (one parameter at least):
-        what training changes (train/lora.py `trained_parameters`: the adapter alone under LoRA)."""
+        what training changes (train/lora.py `trained_parameters`: the adapter alone under LoRA).
+        `owner` (per parameter, its owner's rank): a bucket holds one owner's parameters alone."""
         named = trained_parameters(self.model)
         limit = max(1, int(bucket_mb * 2**20) // 4)
         first = 0
         while first < len(named):
             last, size = first, 0
-            while last < len(named) and (size == 0 or size + named[last][1].numel() <= limit):
+            while last < len(named) and (size == 0 or size + named[last][1].numel() <= limit) and (
+                    owner is None or owner[last] == owner[first]):
                 size += named[last][1].numel()
                 last += 1
             yield named[first:last], size
             first = last
+
+    def _owners(self, sources: list[int]) -> list[int]:
+        """Per trained parameter, the train device that owns it (train/sharding.py)."""
+        runs = owner_runs([p.numel() for _, p in trained_parameters(self.model)], len(sources))
+        return [sources[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
+
+    @torch.no_grad()
+    def _publish_from_owners(self, sources: list[int], ranks: list[int], version: int, bucket_mb: float) -> None:
+        owner = self._owners(sources)
+        if self.rank not in sources:
+            self.engine_call(lambda engine: self._receive(engine, None, None, bucket_mb, version, owner))
+            return
+        receivers = [r for r in ranks if r not in sources]
+        at = 0
+        for bucket, _ in self._buckets(bucket_mb, owner):
+            mine, at = owner[at] == self.rank, at + len(bucket)
+            if mine:  # one bucket in flight at a time, to every receiver (the default group: any pair)
+                flat = torch.cat([p.detach().reshape(-1) for _, p in bucket])
+                for work in [dist.isend(flat, dst=r) for r in receivers]:
+                    work.wait()
+                del flat
+        self.engine_call(lambda engine: engine.set_weights_version(version))
 
     def _broadcast(self, src: int, group, bucket_mb: float) -> None:
         for bucket, _ in self._buckets(bucket_mb):
@@ -631,7 +737,8 @@ class BroadcastSync:
             dist.broadcast(flat, src=src, group=group)
 
     @torch.no_grad()
-    def _receive(self, engine, src: int, group, bucket_mb: float, version: int) -> None:
+    def _receive(self, engine, src: int | None, group, bucket_mb: float, version: int,
+                 owner: list[int] | None = None) -> None:
         """Receive each bucket and copy it into the engine's weights (this device's model) at once,
         so at most one bucket is held beside the model, never a second copy of it. Runs with the
         engine loop paused; the engine's in-flight check comes first, and a refused device still
@@ -641,9 +748,14 @@ class BroadcastSync:
             refused = None
         except EngineBusyError as e:  # re-raised once the collective is done
             refused = e
-        for bucket, size in self._buckets(bucket_mb):
+        at = 0
+        for bucket, size in self._buckets(bucket_mb, owner):
             flat = torch.empty(size, dtype=bucket[0][1].dtype, device=self.device)
-            dist.broadcast(flat, src=src, group=group)
+            if owner is None:
+                dist.broadcast(flat, src=src, group=group)
+            else:  # shard: full: from the bucket's owner
+                dist.recv(flat, src=owner[at])
+            at += len(bucket)
             if refused is None:
                 offset = 0
                 for _, p in bucket:

@@ -66,8 +66,9 @@ class TrainerGroup:
 
     def __init__(self, workers: Sequence[object], ranks: Sequence[int], advantage: str, streaming: bool,
                  loss_agg: str, step_timeout_s: float = 600.0, helpers: Sequence[object] = (),
-                 helper_ranks: Sequence[int] = ()):
+                 helper_ranks: Sequence[int] = (), lockstep: bool = False):
         self.advantage, self.streaming, self.loss_agg = advantage, streaming, loss_agg
+        self.lockstep = lockstep  # cluster.shard: full: micro-batches go in rounds (`_dispatch_rounds`)
         self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
         self.set_devices(workers, ranks, helpers, helper_ranks)
         self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
@@ -122,6 +123,7 @@ class TrainerGroup:
         self.next_mini = 0
         # per mini-batch, device position (train devices, then helpers) -> the micro-batches it computes
         self.held: list[dict[int, list[int]]] = [{} for _ in plan.minis]
+        self.rounds_sent = [0] * len(plan.minis)  # lockstep: rounds of each mini-batch dispatched
         self.micro_refs, self.update_refs, self.contribute_refs = [], [], []
         self.prestaged = {}  # (mini, micro) -> the train device (position) its samples were sent ahead to
         self.stage_refs = []
@@ -166,6 +168,13 @@ class TrainerGroup:
             mini, done = self.plan.minis[self.next_mini], self.dispatched[self.next_mini]
             ready = [j for j, ids in enumerate(mini.micro)
                      if j not in done and all(i in self.advantages for i in ids)]
+            if self.lockstep:
+                self._dispatch_rounds(mini, ready, done)
+                if len(done) < len(mini.micro):
+                    return
+                self._queue_update(mini, devices, device_ranks)
+                self.next_mini += 1
+                continue
             if self.helpers and mini.index == 0 and self.ledger.complete:
                 # generation is over: the rollout devices take a share of what has not started
                 # (only of the first mini-batch: they hold the weights of its update, not the next's)
@@ -191,6 +200,36 @@ class TrainerGroup:
                 return
             self._queue_update(mini, devices, device_ranks)
             self.next_mini += 1
+
+    def _dispatch_rounds(self, mini, ready: list[int], done: set[int]) -> None:
+        """`cluster.shard: full`: the train devices gather each other's parameters module by
+        module, so they compute in lockstep rounds (runtime/full_shard.py): round r is every
+        device's r-th micro-batch of the mini-batch, or a stand-in where it has fewer. A round goes
+        out once each device's micro-batch of it is ready (a device never waits inside a collective
+        for samples still generating); one call per device for the rounds that became ready."""
+        count = [hi - lo for lo, hi in mini.ranges]
+        waiting = {d: [j for j in ready if mini.owner(j) == d] for d in range(len(self.workers))}
+        calls: dict[int, list] = {d: [] for d in range(len(self.workers))}
+        r = self.rounds_sent[mini.index]
+        while r < max(count) and all(waiting[d] for d in range(len(self.workers)) if r < count[d]):
+            for d in range(len(self.workers)):
+                if r >= count[d]:
+                    calls[d].append(None)
+                    continue
+                j = waiting[d].pop(0)
+                ref = self.staged.pop((mini.index, j))
+                if self.prestaged.get((mini.index, j)) == d:  # the device holds them already
+                    ref = StagedSamples((self.plan.step, mini.index, j))
+                calls[d].append((j, ref, [self.advantages[i] for i in mini.micro[j]]))
+                self.held[mini.index].setdefault(d, []).append(j)
+                done.add(j)
+            r += 1
+        if r == self.rounds_sent[mini.index]:
+            return
+        self.rounds_sent[mini.index] = r
+        for d, rounds in calls.items():
+            self.micro_refs.append(((mini.index, [e[0] for e in rounds if e is not None]), self.ranks[d],
+                                    self.workers[d].train_rounds.remote(rounds, self.ranks)))
 
     def _queue_update(self, mini, devices: list, device_ranks: list[int]) -> None:
         """Every micro-batch of `mini` is queued: queue its reduction on every device that holds

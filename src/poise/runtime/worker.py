@@ -177,6 +177,27 @@ class Device(FileEndpoint):
         self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
+    def train_rounds(self, rounds: list, ranks: list[int]) -> list[dict]:
+        """`cluster.shard: full`: lockstep rounds with the other train devices `ranks`, each this
+        device's (micro-batch index, samples, advantages) of the round or None (a stand-in: it has
+        no micro-batch left in the mini-batch); returns the stats of the real ones, in order."""
+        refs = [x for entry in rounds if entry is not None for x in [entry[1]] if not isinstance(x, StagedSamples)]
+        fetched = iter(ray.get(refs))
+        out = []
+        for entry in rounds:
+            if entry is None:
+                self.shard.train_round(None, None, None, ranks)
+                continue
+            j, x, adv = entry
+            samples = self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched)
+            self._maybe_hang("train", [s.sample_id[0] for s in samples])
+            out.append(self.shard.train_round(j, samples, adv, ranks))
+        return out
+
+    def gather_weights(self) -> None:
+        """`cluster.shard: full`, before a live resize: the whole model on every train device."""
+        self.shard.gather_weights()
+
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, after: list | None = None, requires: list | None = None,
                      version: int | None = None) -> dict:
@@ -209,10 +230,11 @@ class Device(FileEndpoint):
 
     # ---- weight sync ------------------------------------------------------------------------
     def sync_weights(self, src: int, ranks: list[int], version: int, bucket_mb: float, after: list | None = None,
-                     requires: list | None = None) -> float:
+                     requires: list | None = None, sources: list[int] | None = None) -> float:
         """Send or receive weights `version`; `after` holds the train leader's last update of the
         step, so a sync can be queued before that update ends (the barrier a collective is anyway).
-        `requires`: calls that must have succeeded first (the sender's own update: see apply_update)."""
+        `requires`: calls that must have succeeded first (the sender's own update: see apply_update).
+        `sources` (`cluster.shard: full`): the train devices, each sending the parameters it owns."""
         if requires:
             ray.get(requires)
         sender_ready = None
@@ -222,7 +244,7 @@ class Device(FileEndpoint):
         if self.sync_kill is not None:  # the fault tests' death or hang in this sync (runtime/faults.py)
             killer = self.sync_kill.arm(self.rank, version)
             self.sync_kill.hang(self.rank, version)
-        seconds = self.sync.publish(src, ranks, version, bucket_mb, sender_ready)
+        seconds = self.sync.publish(src, ranks, version, bucket_mb, sender_ready, sources)
         if killer is not None:  # the sync ended before the kill's moment: it dies here, before answering
             killer.at_end()
         self.version = version

@@ -217,9 +217,12 @@ class PolicyTrainer:
         self.shapes = tuple(p.shape for p in self.params)
         self.numel = sum(p.numel() for p in self.params)
         self._grad_target: torch.Tensor | None = None  # the flat buffer of the backward in progress
+        # cluster.shard: full (runtime/full_shard.py): each parameter's gradient goes to its owner as the
+        # backward produces it, fn(parameter index, gradient); no flat buffer is made
+        self.grad_sink: Callable[[int, torch.Tensor], None] | None = None
         offset = 0
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self._flat_hook(offset))
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(self._flat_hook(i, offset))
             offset += p.numel()
         # foreach=False: one fixed per-parameter update order on every device.
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -327,7 +330,8 @@ class PolicyTrainer:
                            entropy_coef=c.entropy_coef, entropy=entropy, is_weights=is_weights)
         mismatch = mismatch_stats(flat_logp.detach() - batch.old_logprobs.to(device) if first else None,
                                   is_weights, truncated, mask)
-        flat = torch.zeros(self.numel, dtype=torch.float32, device=device)  # a parameter without gradient: 0
+        # a parameter without gradient: 0 (sunk, none is made: its owner sums what arrives)
+        flat = torch.zeros(0 if self.grad_sink else self.numel, dtype=torch.float32, device=device)
         for p in self.params:
             p.grad = None  # the hook must see this backward's gradient alone
         self._grad_target = flat
@@ -338,11 +342,15 @@ class PolicyTrainer:
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
                                 loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch)
 
-    def _flat_hook(self, offset: int):
+    def _flat_hook(self, index: int, offset: int):
         def hook(p: torch.Tensor) -> None:
-            if self._grad_target is not None:  # a backward of micro_batch_grad: move the gradient into the buffer
+            if self._grad_target is None:
+                return
+            if self.grad_sink is not None:  # sharded parameters: to the owner at once
+                self.grad_sink(index, p.grad)
+            else:  # a backward of micro_batch_grad: move the gradient into the buffer
                 self._grad_target[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
-                p.grad = None
+            p.grad = None
         return hook
 
     def apply_update(self, summed_grads: list[torch.Tensor], normaliser: float, first: int = 0,

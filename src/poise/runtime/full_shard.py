@@ -1,0 +1,247 @@
+"""`cluster.shard: full`: the parameters are sharded too, not only their AdamW state.
+
+Ownership is `optimizer`'s (train/sharding.py: contiguous runs of whole tensors). At rest a train
+device holds the storage of its own run alone; every other parameter keeps its shape with an
+empty storage. The forward and the backward gather each module's parameters just before the module
+runs, by broadcast from the owner over the train group, and free them right after (a forward hook;
+a hook on the module's output gathers them again when its gradient arrives, for the module's
+backward). Each parameter's gradient goes
+to its owner by gather as soon as the backward produces it, and the owner folds every device's
+micro-batch gradient into that parameter's tree (bitwise: `TreeAccumulator`, leaf = micro-batch
+index, so the additions are the flat tree's, element for element) or running sum (semantic). No
+device ever holds a whole gradient, and between modules none holds the whole model.
+
+The gathers are collectives, so the train devices run rounds in lockstep: round k is every
+device's k-th micro-batch of the mini-batch, and a device with none left runs a one-token stand-in
+whose gradient its owners drop (runtime/trainer_group.py dispatches rounds). Every device runs the
+same modules in the same order, so the broadcasts and gathers meet one by one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+from poise.train.reduce import TreeAccumulator, combine
+from poise.train.sharding import owner_runs
+from poise.types import Sample
+
+
+class ParameterShards:
+    """The parameters of one train device's `PolicyTrainer` under `cluster.shard: full`."""
+
+    def __init__(self, trainer, comm, device: torch.device, rank: int, bitwise: bool):
+        self.trainer, self.comm, self.device, self.rank, self.bitwise = trainer, comm, device, rank, bitwise
+        self.params = trainer.params
+        self.sizes = [p.numel() for p in self.params]
+        self.ranks: list[int] | None = None  # the train group the weights are sharded over; None: all held here
+        self.owner: list[int] = []  # per parameter, the rank that owns it
+        self.gathered = [False] * len(self.params)  # per parameter, held for the module running now
+        self.leaves: list[int] = []  # this round's micro-batch index per group position (-1: a stand-in)
+        self.sums: dict[int, object] = {}  # owned parameter -> its tree (bitwise) or running sum
+        self.received = 0  # bytes of gradient this owner received since the last update
+        self._hooks: list = []
+        self._active = False
+        for p in self.params:  # each tensor its own resizable storage, so it can be freed alone
+            if not p.data.untyped_storage().resizable() or p.data.untyped_storage().nbytes() != p.numel() * \
+                    p.element_size():
+                p.data = p.data.clone()
+
+    # ---- which device holds what --------------------------------------------------------------
+    def owns(self, i: int) -> bool:
+        return self.ranks is None or self.owner[i] == self.rank
+
+    def shard_over(self, ranks: list[int]) -> None:
+        """Keep the runs this device owns among train devices `ranks` and free the rest (the whole
+        model must be held here: a fresh start, a rollout device joining, a resize or a resume)."""
+        ranks = sorted(ranks)
+        if self.ranks == ranks:
+            return
+        if self.ranks is not None:
+            raise RuntimeError(f"device {self.rank}: parameters sharded over {self.ranks}, asked for {ranks} "
+                               "without gathering them first")
+        runs = owner_runs(self.sizes, len(ranks))
+        self.owner = [ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
+        self.ranks = ranks
+        for i, p in enumerate(self.params):
+            if not self.owns(i):
+                _free(p)
+        self._install_hooks()
+
+    def hold_all(self) -> None:
+        """Room for every parameter here, no collective (a checkpoint load fills it)."""
+        for p in self.params:
+            _allocate(p)
+        self.ranks, self.owner = None, []
+        self._remove_hooks()
+
+    def gather_all(self, keep: bool = True, on_each=None) -> None:
+        """Collective over the train group: every parameter, in order, broadcast by its owner.
+        `keep`: every device keeps them all (sharding ends: a resize or a checkpoint load follows);
+        otherwise each is freed again once `on_each(name index, tensor)` has seen it."""
+        if self.ranks is None:
+            if on_each is not None:
+                for i, p in enumerate(self.params):
+                    on_each(i, p.detach())
+            return
+        group = self.comm.get(self.ranks)
+        for i, p in enumerate(self.params):
+            if not self.owns(i):
+                _allocate(p)
+            dist.broadcast(p.data, src=self.owner[i], group=group)
+            if on_each is not None:
+                on_each(i, p.detach())
+            if not keep and not self.owns(i):
+                _free(p)
+        if keep:
+            self.ranks, self.owner = None, []
+            self._remove_hooks()
+
+    def digest(self, names: list[str]) -> str | None:
+        """`train_shard.weights_digest` of the whole model, computed on the group's first rank as
+        the owners broadcast their parameters (collective; the others return None)."""
+        h = hashlib.sha256()
+        first = self.ranks is None or self.rank == self.ranks[0]
+
+        def add(i: int, p: torch.Tensor) -> None:
+            if first:
+                h.update(names[i].encode())
+                h.update(p.cpu().contiguous().view(-1).view(torch.uint8).clone().numpy().tobytes())
+        self.gather_all(keep=False, on_each=add)
+        return h.hexdigest() if first else None
+
+    # ---- one round of lockstep forward/backward ------------------------------------------------
+    def begin_round(self, ranks: list[int], index: int | None) -> None:
+        """Every train device's micro-batch index of this round (a small all-gather), then the
+        hooks gather, free and send."""
+        self.shard_over(ranks)
+        mine = torch.tensor([-1.0 if index is None else float(index)], device=self.device)
+        pieces = [torch.empty_like(mine) for _ in self.ranks]
+        dist.all_gather(pieces, mine, group=self.comm.get(self.ranks))
+        self.leaves = [int(p.item()) for p in pieces]
+        self._active = True
+        self.trainer.grad_sink = self._sink
+
+    def end_round(self) -> None:
+        """Free whatever the backward left gathered (a tied weight's second use); the same on every
+        device, as every device ran the same modules."""
+        for i, p in enumerate(self.params):
+            if self.gathered[i]:
+                self.gathered[i] = False
+                if not self.owns(i):
+                    _free(p)
+        self._active = False
+        self.trainer.grad_sink = None
+
+    def stand_in(self, pad_id: int) -> list[Sample]:
+        """The one-token sample a device with no micro-batch in a round trains on (dropped)."""
+        return [Sample((0, 0, 0), (pad_id,), (pad_id,), (0.0,), "length", 0, 0.0, 0.0, 1)]
+
+    def summed(self, m: int, first: int, end: int) -> list[torch.Tensor]:
+        """This owner's parameters [first, end): each one's gradient summed over the mini-batch's m
+        micro-batches (bitwise: in the fixed tree order), shaped; cleared for the next update."""
+        out = []
+        for i in range(first, end):
+            p = self.params[i]
+            acc = self.sums.pop(i, None)
+            if acc is None:  # no micro-batch gave it a gradient (as the flat buffer's zeros)
+                out.append(torch.zeros(p.shape, dtype=torch.float32, device=self.device))
+                continue
+            if self.bitwise:
+                if acc.leaves != set(range(m)):
+                    raise RuntimeError(f"device {self.rank}: parameter {i} has gradients of micro-batches "
+                                       f"{sorted(acc.leaves)}, expected 0..{m - 1}")
+                acc = combine(acc.nodes(m), m, torch.add)
+            out.append(acc.view(p.shape))
+        if self.sums:
+            raise RuntimeError(f"device {self.rank}: gradients of parameters {sorted(self.sums)} it does not own")
+        return out
+
+    # ---- hooks ----------------------------------------------------------------------------------
+    def _install_hooks(self) -> None:
+        if self._hooks:
+            return
+        index = {id(p): i for i, p in enumerate(self.params)}
+        for module in self.trainer.model.modules():
+            ids = [index[id(p)] for p in module.parameters(recurse=False) if id(p) in index]
+            if not ids:
+                continue
+            self._hooks += [module.register_forward_pre_hook(lambda m, args, ids=ids: self._gather(ids)),
+                            module.register_forward_hook(lambda m, args, out, ids=ids: self._after_forward(ids, out))]
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _gather(self, ids: list[int]) -> None:
+        if not self._active:
+            return
+        group = self.comm.get(self.ranks)
+        for i in ids:
+            if self.gathered[i]:
+                continue
+            p = self.params[i]
+            if not self.owns(i):
+                _allocate(p)
+            dist.broadcast(p.data, src=self.owner[i], group=group)
+            self.gathered[i] = True
+
+    def _after_forward(self, ids: list[int], out) -> None:
+        """Free the module's parameters; its output's gradient hook gathers them again for the
+        module's backward. A tensor hook, not a module backward hook: those put identity nodes
+        on the module's inputs, which changes the order autograd sums a shared input's gradients
+        in (the bits of the q/k/v projections' input gradient)."""
+        if not self._active:
+            return
+        self._release(ids)
+        if torch.is_tensor(out) and out.requires_grad:
+            out.register_hook(lambda grad, ids=ids: self._gather(ids))
+        elif not torch.is_tensor(out):
+            raise RuntimeError(f"cluster.shard=full: a module with parameters returned {type(out).__name__}, not a "
+                               "tensor; its backward would run without them")
+
+    def _release(self, ids: list[int]) -> None:
+        if not self._active:
+            return
+        for i in ids:
+            if self.gathered[i]:
+                self.gathered[i] = False
+                if not self.owns(i):
+                    _free(self.params[i])
+
+    def _sink(self, i: int, grad: torch.Tensor) -> None:
+        """Parameter i's gradient of this round's micro-batch, to its owner (fp32, the reduction's
+        dtype); the owner keeps each real micro-batch's and drops the stand-ins'."""
+        owner, group = self.owner[i], self.comm.get(self.ranks)
+        g = grad.detach().to(torch.float32).reshape(-1).contiguous()
+        if owner != self.rank:
+            dist.gather(g, None, dst=owner, group=group)
+        else:
+            pieces = [torch.empty_like(g) for _ in self.ranks]
+            dist.gather(g, pieces, dst=owner, group=group)
+            for position, leaf in enumerate(self.leaves):
+                if leaf < 0:
+                    continue
+                if self.ranks[position] != self.rank:
+                    self.received += 4 * g.numel()
+                if self.bitwise:
+                    self.sums.setdefault(i, TreeAccumulator(torch.add)).push(leaf, pieces[position])
+                else:
+                    self.sums[i] = pieces[position] if i not in self.sums else self.sums[i].add_(pieces[position])
+            del pieces
+        self._release([i])
+
+
+def _free(p: torch.Tensor) -> None:
+    if not p.data.untyped_storage().resizable():  # its bytes were lent to numpy (a digest): a storage of its own
+        p.data = torch.empty_like(p.data)
+    p.data.untyped_storage().resize_(0)
+
+
+def _allocate(p: torch.Tensor) -> None:
+    storage = p.data.untyped_storage()
+    if storage.nbytes() == 0:
+        storage.resize_(p.numel() * p.element_size())
