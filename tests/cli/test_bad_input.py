@@ -63,13 +63,21 @@ def test_existing_run_is_not_overwritten(tmp_path):
 
 
 @pytest.mark.parametrize("override,fragments", [
-    ("cluster.shard=full", ["cluster.shard", "full", "none", "optimizer"]),  # parameter sharding: not built
-    ("cluster.shard=zero3", ["cluster.shard", "zero3"]),
+    ("cluster.shard=zero3", ["cluster.shard", "zero3", "none", "optimizer", "full"]),
     ("model.dtype=float16", ["model.dtype", "float16", "bfloat16"]),
     ("model.dtype=bf16", ["model.dtype", "bf16", "bfloat16"]),
 ])
 def test_unknown_shard_mode_or_dtype(tmp_path, override, fragments):
     assert_one_line_error(poise("train", override, f"run.dir={tmp_path}/run"), *fragments)
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    (["algorithm.kl_coef=0.05"], ["cluster.shard", "full", "kl_coef", "cluster.shard=optimizer"]),
+    (["algorithm.old_logprobs=recompute", "algorithm.updates_per_step=2"], ["cluster.shard", "full", "recompute"]),
+    (["model.lora.r=4"], ["cluster.shard", "full", "model.lora"]),
+], ids=["kl", "recompute", "lora"])
+def test_what_full_parameter_sharding_does_not_shard_yet(tmp_path, overrides, fragments):
+    assert_one_line_error(poise("train", "cluster.shard=full", *overrides, f"run.dir={tmp_path}/run"), *fragments)
 
 
 def test_assist_with_sharded_optimizer_state(tmp_path):

@@ -94,14 +94,17 @@ def test_resize_events_record_each_switch(ray_session, runs, mode):
     assert resize_rows == {1, 2}  # the devices that switched at some point
 
 
-@pytest.mark.parametrize("mode", ["async"])  # sync resizes reshard the same way (and are checked unsharded)
-def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray_session, runs, warm_start, mode):
+# sync resizes reshard the same way (and are checked unsharded)
+@pytest.mark.parametrize("mode,shard", [("async", "optimizer"), ("async", "full")], ids=["async-optimizer", "async-full"])
+def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray_session, runs, warm_start, mode,
+                                                                             shard):
     """cluster.shard=optimizer: at every switch each parameter whose owner changes has its state
     sent by its old owner to its new one (through the bounded buffer); the run ends with the bytes
-    of the unsharded static 2+2 run."""
+    of the unsharded static 2+2 run. full: the old train devices gather the whole model first (a
+    leaving one generates with it), and each train device of the new split keeps its run alone."""
     static = runs.get(f"{mode}-static", train_disaggregated, f"pipeline.mode={mode}", "cluster.split=[2,2]")
-    resized = runs.get(f"{mode}-sharded-resized", train_disaggregated, f"pipeline.mode={mode}",
-                       "cluster.split=[2,2]", SCHEDULE, "cluster.shard=optimizer")
+    resized = runs.get(f"{mode}-{shard}-resized", train_disaggregated, f"pipeline.mode={mode}",
+                       "cluster.split=[2,2]", SCHEDULE, f"cluster.shard={shard}")
     resized.assert_learned(warm_start)
     assert [r["split"] for r in resized.rows] == EXPECTED_SPLITS
     resized.assert_bitwise_equal(static, f"{mode}: sharded resized vs static 2+2")
@@ -119,6 +122,14 @@ def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray
         if e["kind"] == "interval" and e["phase"] == "update":
             held.setdefault(e["step"], []).append(e["optimizer_bytes"])
     assert len({sum(parts) for parts in held.values()}) == 1, held  # the whole state, once, at every split
+    weights = {}
+    for e in resized.events:
+        if e["kind"] == "interval" and e["phase"] == "update":
+            weights.setdefault(e["step"], []).append(e["parameter_bytes"])
+    whole = {b for parts in weights.values() for b in parts if len(parts) == 1}  # the 3+1 steps: one holds all
+    assert len(whole) == 1, weights
+    for step, parts in weights.items():  # full: the weights once, at every split; optimizer: whole everywhere
+        assert (sum(parts) if shard == "full" else min(parts)) == max(whole), (step, parts)
 
 
 def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):

@@ -73,26 +73,27 @@ def test_sync_2_2_resumes_onto_another_layout(ray_session, tmp_path, tmp_path_fa
 
 @pytest.fixture(scope="module")
 def crashed_sharded(tmp_path_factory, warm_start):
-    """A sync 2+2 run with cluster.shard=optimizer that stopped with checkpoints after steps 0 and 1."""
+    """A sync 2+2 run with cluster.shard=full that stopped with checkpoints after steps 0 and 1 (the
+    writer gathered the weights and the optimizer state from their owners)."""
     run_dir = tmp_path_factory.mktemp("resume") / "sharded-crashed"
-    cfg = config(run_dir, warm_start, "pipeline.mode=sync", "cluster.shard=optimizer")
+    cfg = config(run_dir, warm_start, "pipeline.mode=sync", "cluster.shard=full")
     with pytest.raises(RuntimeError, match="simulated crash"):
         train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
     return run_dir
 
 
-@pytest.mark.parametrize("target", ["1+3", "colocated"])
+@pytest.mark.parametrize("target", ["1+3-optimizer", "1+3-full", "colocated"])
 def test_sharded_2_2_resumes_onto_another_layout(ray_session, tmp_path, tmp_path_factory, crashed_sharded,
                                                  warm_start, read_run, target):
-    """The owners' state, written as one file, reshards on load: onto three owners, and onto the
-    colocated loop's one optimizer."""
+    """The owners' state, written as one file, reshards on load: onto three owners of the optimizer
+    state, onto three owners of the weights too, and onto the colocated loop's one optimizer."""
     straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     run_dir = _copy(crashed_sharded, tmp_path / "run")
     if target == "colocated":
         train_colocated(config(run_dir, warm_start, "pipeline.mode=colocated"), resume=True)
     else:
         train_disaggregated(config(run_dir, warm_start, "pipeline.mode=sync", "cluster.split=[1,3]",
-                                   "cluster.shard=optimizer"), resume=True)
+                                   f"cluster.shard={target.split('-')[1]}"), resume=True)
     got = read_run(run_dir)
     got.assert_learned(warm_start)
     got.assert_bitwise_equal(straight, f"sharded 2+2 crashed at step 2, resumed on {target} vs straight 2+2")
