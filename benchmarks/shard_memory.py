@@ -1,12 +1,14 @@
-"""What `cluster.shard: optimizer` saves on each train device: AdamW state bytes and peak memory.
+"""What `cluster.shard: optimizer | full` saves on each train device: state bytes and peak memory.
 
     .venv/bin/python benchmarks/shard_memory.py [--shape 100m] [--world 4] [--micro 2] [--updates 2]
+        [--modes none,optimizer,full]
 
 `--world` gloo processes on this machine, each a train device as the runtime builds it
 (`PolicyTrainer` + `TorchTrainShard`, bitwise mode, 1 torch thread): each computes its `--micro`
 micro-batches of a random model of the built-in family (the same samples in every mode), then the
 update (the exchange, the clip, AdamW, and with `optimizer` the all-gather of the parameters), for
-`--updates` updates. Per mode, measured in each process: the AdamW state it holds after the last
+`--updates` updates; with `full` the micro-batches run as lockstep rounds (`train_round`: each
+module's parameters gathered from their owner, each gradient sent to its owner). Per mode, measured in each process: the AdamW state it holds after the last
 update (bytes of its tensors) and its peak RSS (getrusage). `floor` is one process that runs one
 micro-batch's forward/backward and nothing else (the memory no sharding of the state can remove).
 The weights after the last update are checked bit for bit between the modes.
@@ -58,16 +60,21 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
                            tuple(torch.randint(4, tok.vocab_size, (tokens,), generator=gen).tolist()),
                            tuple([-2.0] * tokens), "stop", 0, 0.0, 0.0, tokens) for j in range(samples)]
                    for i in range(m)]  # every rank draws every micro-batch: the same samples in any split
-        for i in range(lo, hi):
-            shard.train_micro_batch(i, batches[i], list(torch.linspace(-1, 1, samples).tolist()))
-        out = shard.apply_update(m, list(range(lo, hi)), float(m * samples * tokens), list(range(world)), rows)
-    digest = hashlib.sha256()
-    for p in trainer.params:
-        digest.update(p.detach().numpy().tobytes())
+        # full: every W-th micro-batch from its rank, in rounds (runtime/trainer_group.py); else the plan's range
+        mine = range(rank, m, world) if shard.full is not None else range(lo, hi)
+        for i in mine:
+            advantages = list(torch.linspace(-1, 1, samples).tolist())
+            if shard.full is not None:  # every device has `micro` of them: no stand-in round
+                shard.train_round(i, batches[i], advantages, list(range(world)))
+            else:
+                shard.train_micro_batch(i, batches[i], advantages)
+        out = shard.apply_update(m, list(mine), float(m * samples * tokens), list(range(world)), rows)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the digest gathers the weights
+    digest = shard.digest()  # full: collective, rank 0 answers
     queue.put({"rank": rank, "optimizer_bytes": out["optimizer_bytes"], "received_bytes": out.get("received_bytes"),
-               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               "seconds": time.perf_counter() - t0, "digest": digest.hexdigest()[:16],
-               "params": trainer.numel})
+               "parameter_bytes": out["parameter_bytes"], "grad_bytes": out.get("grad_bytes"),
+               "peak_rss_mb": peak, "seconds": time.perf_counter() - t0,
+               "digest": digest and digest[:16], "params": trainer.numel})
     dist.destroy_process_group()
 
 
@@ -94,33 +101,42 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2, help="sequences per micro-batch")
     ap.add_argument("--tokens", type=int, default=32, help="response tokens per sequence (after 16 prompt tokens)")
+    ap.add_argument("--modes", default="none,optimizer,full", help="shard modes, the first is the baseline")
     args = ap.parse_args()
+    modes = args.modes.split(",")
 
     import multiprocessing as mp
 
     with mp.get_context("spawn").Pool(1) as pool:  # its own process: its peak is its own
         floor = pool.apply(memory_cell, (args.shape, "floor", 1, args.samples, args.tokens))
-    runs = [run(args.world, shard, args, 29700 + i) for i, shard in enumerate(["none", "optimizer"])]
+    runs = [run(args.world, shard, args, 29700 + i) for i, shard in enumerate(modes)]
     params = runs[0]["devices"][0]["params"]
     print(f"\n{args.shape} ({params / 1e6:.1f}M parameters; fp32 weights {4 * params / MB:.0f} MB, AdamW state "
           f"{8 * params / MB:.0f} MB), {args.world} train devices, {args.micro} micro-batches of {args.samples} x "
           f"(16 + {args.tokens}) tokens each per update, {args.updates} updates, 1 thread per device")
     print(f"floor (one micro-batch's forward/backward alone): peak RSS {floor['peak_rss_mb']:.0f} MB")
-    print(f"{'shard':<10} {'AdamW MB per device':>28} {'peak RSS MB per device':>30} {'max - floor':>12}")
+    print(f"{'shard':<10} {'AdamW MB per device':>28} {'weights MB per device':>28} {'peak RSS MB per device':>30} "
+          f"{'max - floor':>12} {'received / gradient':>20}")
     for r in runs:
         state = [d["optimizer_bytes"] / MB for d in r["devices"]]
+        weights = [d["parameter_bytes"] / MB for d in r["devices"]]
         peak = [d["peak_rss_mb"] for d in r["devices"]]
-        r["state_max_mb"], r["peak_max_mb"] = max(state), max(peak)
+        r["state_max_mb"], r["peak_max_mb"], r["weights_max_mb"] = max(state), max(peak), max(weights)
         r["above_floor_mb"] = max(peak) - floor["peak_rss_mb"]
-        print(f"{r['shard']:<10} {' '.join(f'{s:6.0f}' for s in state):>28} {' '.join(f'{p:6.0f}' for p in peak):>30}"
-              f" {r['above_floor_mb']:>12.0f}")
-    none, sharded = runs
-    ratios = {"state_max": sharded["state_max_mb"] / none["state_max_mb"],
-              "peak_max": sharded["peak_max_mb"] / none["peak_max_mb"],
-              "above_floor": sharded["above_floor_mb"] / none["above_floor_mb"]}
-    print(f"optimizer / none: most AdamW state on a device {ratios['state_max']:.3f}, peak RSS "
-          f"{ratios['peak_max']:.3f}, peak above the floor {ratios['above_floor']:.3f}")
-    digests = {d["digest"] for r in runs for d in r["devices"]}
+        r["received_per_gradient"] = max(d["received_bytes"] / d["grad_bytes"] for d in r["devices"])
+        print(f"{r['shard']:<10} {' '.join(f'{s:6.0f}' for s in state):>28} "
+              f"{' '.join(f'{w:6.0f}' for w in weights):>28} {' '.join(f'{p:6.0f}' for p in peak):>30}"
+              f" {r['above_floor_mb']:>12.0f} {r['received_per_gradient']:>19.2f}x")
+    none = runs[0]
+    ratios = {}
+    for sharded in runs[1:]:
+        ratios[sharded["shard"]] = {"state_max": sharded["state_max_mb"] / none["state_max_mb"],
+                                    "peak_max": sharded["peak_max_mb"] / none["peak_max_mb"],
+                                    "above_floor": sharded["above_floor_mb"] / none["above_floor_mb"]}
+        r = ratios[sharded["shard"]]
+        print(f"{sharded['shard']} / {none['shard']}: most AdamW state on a device {r['state_max']:.3f}, peak RSS "
+              f"{r['peak_max']:.3f}, peak above the floor {r['above_floor']:.3f}")
+    digests = {d["digest"] for r in runs for d in r["devices"] if d["digest"] is not None}
     print(f"weights after the last update: {'identical' if len(digests) == 1 else 'DIFFER'} in every device and mode")
     write_results("shard_memory", {"args": vars(args), "floor": floor, "runs": runs, "ratios": ratios,
                                    "identical": len(digests) == 1})

@@ -43,13 +43,22 @@ SHAPES = {  # the built-in family (Qwen2), char vocabulary
 MB = 2**20
 
 
+def shape_dims(shape: str) -> dict:
+    """A named shape, or `<hidden>x<layers>` (64-wide heads, 4 KV heads, MLP 4 x hidden)."""
+    if shape in SHAPES:
+        return SHAPES[shape]
+    hidden, layers = (int(x) for x in shape.split("x"))
+    return dict(hidden_size=hidden, num_layers=layers, num_heads=hidden // 64, num_kv_heads=4,
+                intermediate_size=4 * hidden)
+
+
 def _model(shape: str):
     from poise.config import TinyModelConfig
     from poise.data.tokenizer import CharTokenizer
     from poise.model.loading import build_tiny
 
     tok = CharTokenizer()
-    return build_tiny(TinyModelConfig(max_positions=256, **SHAPES[shape]), tok.vocab_size, 0), tok
+    return build_tiny(TinyModelConfig(max_positions=256, **shape_dims(shape)), tok.vocab_size, 0), tok
 
 
 def memory_cell(shape: str, mode: str, micro: int, samples: int, tokens: int) -> dict:

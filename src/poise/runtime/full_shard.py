@@ -42,6 +42,7 @@ class ParameterShards:
         self.leaves: list[int] = []  # this round's micro-batch index per group position (-1: a stand-in)
         self.sums: dict[int, object] = {}  # owned parameter -> its tree (bitwise) or running sum
         self.received = 0  # bytes of gradient this owner received since the last update
+        self.weight_bytes = 0  # bytes of other owners' weights this device received since the last update
         self._hooks: list = []
         self._active = False
         for p in self.params:  # each tensor its own resizable storage, so it can be freed alone
@@ -186,6 +187,7 @@ class ParameterShards:
             p = self.params[i]
             if not self.owns(i):
                 _allocate(p)
+                self.weight_bytes += p.numel() * p.element_size()
             dist.broadcast(p.data, src=self.owner[i], group=group)
             self.gathered[i] = True
 

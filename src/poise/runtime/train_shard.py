@@ -274,7 +274,9 @@ class TorchTrainShard:
         counts = [b - a for a, b in runs]
         norm = self.trainer.apply_update(grads, normaliser, first, lambda mine: _gather_ragged(mine, counts, me, group))
         self.stepped = True
-        received, self.full.received = self.full.received + 4 * max(counts) * len(ranks), 0
+        # the gradients and norms it received, and the weights the rounds gathered (the price of sharding them)
+        received = self.full.received + 4 * max(counts) * len(ranks) + self.full.weight_bytes
+        self.full.received = self.full.weight_bytes = 0
         return norm, received
 
     def gather_weights(self) -> None:

@@ -156,7 +156,7 @@ class TrainerGroup:
         batch is in) to the train device that owns it, which fetches the samples while generation
         goes on; the call that starts it then has nothing to fetch."""
         for u, j in sorted(self.staged.keys() - self.prestaged.keys()):
-            d = self.plan.minis[u].owner(j)
+            d = self._owner(u, j)
             self.stage_refs.append((self.ranks[d], self.workers[d].stage_samples.remote((self.plan.step, u, j),
                                                                                         self.staged[(u, j)])))
             self.prestaged[(u, j)] = d
@@ -201,22 +201,28 @@ class TrainerGroup:
             self._queue_update(mini, devices, device_ranks)
             self.next_mini += 1
 
+    def _owner(self, u: int, j: int) -> int:
+        """The train device (position) that computes micro-batch j of mini-batch u: the plan's
+        contiguous ranges, or with lockstep rounds every W-th (`_dispatch_rounds`)."""
+        return j % len(self.workers) if self.lockstep else self.plan.minis[u].owner(j)
+
     def _dispatch_rounds(self, mini, ready: list[int], done: set[int]) -> None:
         """`cluster.shard: full`: the train devices gather each other's parameters module by
-        module, so they compute in lockstep rounds (runtime/full_shard.py): round r is every
-        device's r-th micro-batch of the mini-batch, or a stand-in where it has fewer. A round goes
-        out once each device's micro-batch of it is ready (a device never waits inside a collective
-        for samples still generating); one call per device for the rounds that became ready."""
-        count = [hi - lo for lo, hi in mini.ranges]
-        waiting = {d: [j for j in ready if mini.owner(j) == d] for d in range(len(self.workers))}
-        calls: dict[int, list] = {d: [] for d in range(len(self.workers))}
-        r = self.rounds_sent[mini.index]
-        while r < max(count) and all(waiting[d] for d in range(len(self.workers)) if r < count[d]):
-            for d in range(len(self.workers)):
-                if r >= count[d]:
+        module, so they compute in lockstep rounds (runtime/full_shard.py). Round r is micro-batches
+        rW .. rW + W - 1, one per device (device d computes every W-th from d; past the last, a
+        stand-in), so each round's gradients form aligned blocks of the tree and an owner holds
+        about log2(M / W) + 1 partial sums of its slice, not one tree per device. A round goes out
+        once all its micro-batches are ready (a device never waits inside a collective for samples
+        still generating); one call per device for the rounds that became ready together."""
+        parties, m = len(self.workers), len(mini.micro)
+        calls: dict[int, list] = {d: [] for d in range(parties)}
+        r, waiting = self.rounds_sent[mini.index], set(ready)
+        while r * parties < m and all(j in waiting for j in range(r * parties, min(m, (r + 1) * parties))):
+            for d in range(parties):
+                j = r * parties + d
+                if j >= m:
                     calls[d].append(None)
                     continue
-                j = waiting[d].pop(0)
                 ref = self.staged.pop((mini.index, j))
                 if self.prestaged.get((mini.index, j)) == d:  # the device holds them already
                     ref = StagedSamples((self.plan.step, mini.index, j))
