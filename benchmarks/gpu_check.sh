@@ -16,6 +16,8 @@
 #   sharded-bf16     the shared-GPU run in bfloat16 with cluster.shard=optimizer (two owners of the
 #                    AdamW state and fp32 masters, a resize 2+1 -> 1+2 resharding them), against a
 #                    colocated bfloat16 run: the same bytes of weights and optimizer state
+#   full-bf16        the same with cluster.shard=full (weights sharded too: gathered module by module
+#                    in lockstep rounds, gradients to their owners, the sync from every owner)
 #   engine-bench     benchmarks/engine.py on the GPU (fast and bitwise engines, HF generate)
 #   memory-bench     benchmarks/gpu_memory.py: a Qwen2.5-0.5B-shaped random model, engine in bf16
 #                    and a train step, peak bytes per parameter
@@ -101,6 +103,9 @@ if [ -d "$WORK/warmstart" ]; then
         && step bf16-colocated 90 "$PY" -m poise train "${SMALL[@]}" pipeline.mode=colocated run.steps=4 \
             model.dtype=bfloat16 "run.dir=$WORK/bf16-colocated" \
         && step bitwise-bf16 10 test "$(state_of "$WORK/sharded-bf16")" = "$(state_of "$WORK/bf16-colocated")"
+    step full-bf16 180 "$PY" -m poise train "${SMALL[@]}" "${SHARED[@]}" run.steps=4 model.dtype=bfloat16 \
+        cluster.shard=full "run.dir=$WORK/full-bf16" \
+        && step bitwise-full 10 test "$(state_of "$WORK/full-bf16")" = "$(state_of "$WORK/bf16-colocated")"
 else
     echo "gpu_check: no warm start (the colocated step failed before making it): the runs that start from it are skipped" >&2
     FAILED=1

@@ -8,8 +8,9 @@
 micro-batches of a random model of the built-in family (the same samples in every mode), then the
 update (the exchange, the clip, AdamW, and with `optimizer` the all-gather of the parameters), for
 `--updates` updates; with `full` the micro-batches run as lockstep rounds (`train_round`: each
-module's parameters gathered from their owner, each gradient sent to its owner). Per mode, measured in each process: the AdamW state it holds after the last
-update (bytes of its tensors) and its peak RSS (getrusage). `floor` is one process that runs one
+module's parameters gathered from their owner, each gradient sent to its owner). Per mode,
+measured in each process: the AdamW state and the weights it holds after the last update (bytes
+of their tensors), its peak RSS (getrusage) and the bytes it received per update. `floor` is one process that runs one
 micro-batch's forward/backward and nothing else (the memory no sharding of the state can remove).
 The weights after the last update are checked bit for bit between the modes.
 

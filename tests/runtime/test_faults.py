@@ -120,25 +120,28 @@ def test_the_last_train_device_dying_stops_with_a_resumable_checkpoint(ray_sessi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shard,what", [("optimizer", "optimizer state"), ("full", "weights and optimizer state")],
+                         ids=["optimizer", "full"])
 def test_sharded_state_survives_a_rollout_death_and_stops_in_one_line_at_a_train_death(
-        ray_session, tmp_path_factory, warm_start, read_run):
+        ray_session, tmp_path_factory, warm_start, read_run, shard, what):
     """cluster.shard=optimizer: a dead rollout device is recovered (every train device streams its
     part of the state into the recovery checkpoint) and the run ends with the undisturbed run's
-    bytes; a dead train device took its part of the state with it: one line, the last checkpoint."""
+    bytes; a dead train device took its part of the state with it: one line, the last checkpoint.
+    full: the same, the writer gathering the weights from their owners too."""
     straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     root = tmp_path_factory.getbasetemp()
-    killed = run_once("sharded-rollout-killed", root, warm_start, read_run, train_disaggregated, "pipeline.mode=sync",
-                      "cluster.shard=optimizer", "cluster.step_timeout_s=60", hooks={KILL_ENV: "generate:1:0"})
+    killed = run_once(f"{shard}-rollout-killed", root, warm_start, read_run, train_disaggregated, "pipeline.mode=sync",
+                      f"cluster.shard={shard}", "cluster.step_timeout_s=60", hooks={KILL_ENV: "generate:1:0"})
     assert [e["devices"] for e in _recoveries(killed)] == [[0]]
-    killed.assert_bitwise_equal(straight, "sharded: a rollout device killed vs undisturbed")
-    run_dir = root / "sharded-train-killed"
-    cfg = config(run_dir, warm_start, "pipeline.mode=sync", "cluster.shard=optimizer", "cluster.step_timeout_s=60")
+    killed.assert_bitwise_equal(straight, f"shard={shard}: a rollout device killed vs undisturbed")
+    run_dir = root / f"{shard}-train-killed"
+    cfg = config(run_dir, warm_start, "pipeline.mode=sync", f"cluster.shard={shard}", "cluster.step_timeout_s=60")
     with env(**{KILL_ENV: "train:1:3"}), pytest.raises(RunFailure) as failure:
         train_disaggregated(cfg)
     message = str(failure.value)
     assert "\n" not in message, message
-    assert message.startswith("device 3 (train) died at step 1 and with cluster.shard=optimizer its part of the "
-                              "optimizer state has no replica"), message
+    assert message.startswith(f"device 3 (train) died at step 1 and with cluster.shard={shard} its part of the "
+                              f"{what} has no replica"), message
     assert f"step_000001 is intact: continue with --resume {run_dir}" in message
     assert _placement_groups_removed()
 

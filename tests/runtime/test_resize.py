@@ -95,7 +95,8 @@ def test_resize_events_record_each_switch(ray_session, runs, mode):
 
 
 # sync resizes reshard the same way (and are checked unsharded)
-@pytest.mark.parametrize("mode,shard", [("async", "optimizer"), ("async", "full")], ids=["async-optimizer", "async-full"])
+@pytest.mark.parametrize("mode,shard", [("async", "optimizer"), ("async", "full")],
+                         ids=["async-optimizer", "async-full"])
 def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray_session, runs, warm_start, mode,
                                                                              shard):
     """cluster.shard=optimizer: at every switch each parameter whose owner changes has its state

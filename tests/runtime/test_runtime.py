@@ -122,17 +122,21 @@ def test_train_devices_hold_log_m_gradients_and_receive_a_few_gradients_an_updat
             assert 0 < e["received_bytes"] <= 2.5 * e["grad_bytes"], (split, e)
 
 
-SHARDED = [((1, 3), "optimizer"), ((2, 2), "optimizer"), ((1, 3), "full"), ((2, 2), "full"), ((3, 1), "full")]
+CHECKPOINTING = "algorithm.gradient_checkpointing=true"  # the recompute inside the backward gathers too
+SHARDED = [((1, 3), "optimizer", ()), ((2, 2), "optimizer", ()), ((1, 3), "full", ()), ((2, 2), "full", ()),
+           ((3, 1), "full", ()), ((2, 2), "full", (CHECKPOINTING,))]
 
 
-@pytest.mark.parametrize("split,shard", SHARDED, ids=[f"{a}+{b}-{s}" for (a, b), s in SHARDED])
-def test_sharded_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split, shard):
+@pytest.mark.parametrize("split,shard,extra", SHARDED,
+                         ids=[f"{a}+{b}-{s}{'-checkpointing' if e else ''}" for (a, b), s, e in SHARDED])
+def test_sharded_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split, shard,
+                                                        extra):
     """cluster.shard=optimizer: each train device steps the AdamW state of its run of parameters
     alone, the checkpoints (written by the leader from every owner's part) hold the same bytes as
     the colocated loop's, and each device holds its part of the state, not all of it. full: the
     same, and each device holds the weights of its run alone (gathered module by module in lockstep
     rounds, each gradient sent to its owner); the weight sync comes from every owner."""
-    got = runs.disaggregated("sync", split, f"cluster.shard={shard}")
+    got = runs.disaggregated("sync", split, f"cluster.shard={shard}", *extra)
     got.assert_learned(warm_start)
     _assert_syncs(got, split)
     got.assert_bitwise_equal(reference, f"sync {split} sharded vs colocated")

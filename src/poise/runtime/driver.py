@@ -535,7 +535,8 @@ class Driver:
 
     def publish(self, log: RunLog, step: int, syncing: list) -> float:
         """Wait for weights version `self.version` to reach every rollout device."""
-        seconds = max(faults.wait(syncing, [*self.rt.sync_senders(), *self.rt.rollout_ranks], f"weight sync of step {step}",
+        senders = self.rt.sync_senders()
+        seconds = max(faults.wait(syncing, [*senders, *self.rt.rollout_ranks], f"weight sync of step {step}",
                                   self.cfg.cluster.step_timeout_s), default=0.0)
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
@@ -643,7 +644,8 @@ class Driver:
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
                       **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
         for u in updates:  # real compute reports the reduction's traffic
-            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes", "parameter_bytes") if k in u}
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes", "parameter_bytes")
+                       if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
                       step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens

@@ -201,8 +201,9 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     if not survivors:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, "no train device survives to restore from"))
     if getattr(rt, "sharded", False) and any(d in rt.train_ranks for d in dead):
-        raise RunFailure(unrecoverable(rt, dead, step, run_dir, "with cluster.shard=optimizer its part of the "
-                                                                "optimizer state has no replica"))
+        what = "weights and optimizer state" if getattr(rt, "full", False) else "optimizer state"
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"with cluster.shard={rt.cfg.cluster.shard} its part "
+                                                                f"of the {what} has no replica"))
     held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead))}
     silent = [d for d, v in held.items() if v is None and d not in dead]
     source = next((d for d in survivors if held[d] == version), survivors[0])

@@ -5,7 +5,8 @@ device holds the storage of its own run alone; every other parameter keeps its s
 empty storage. The forward and the backward gather each module's parameters just before the module
 runs, by broadcast from the owner over the train group, and free them right after (a forward hook;
 a hook on the module's output gathers them again when its gradient arrives, for the module's
-backward). Each parameter's gradient goes
+backward; with gradient checkpointing the recompute inside the backward gathers what the hooks
+have not, and frees nothing: each parameter goes once its gradient is sent). Each parameter's gradient goes
 to its owner by gather as soon as the backward produces it, and the owner folds every device's
 micro-batch gradient into that parameter's tree (bitwise: `TreeAccumulator`, leaf = micro-batch
 index, so the additions are the flat tree's, element for element) or running sum (semantic). No
@@ -197,6 +198,8 @@ class ParameterShards:
         on the module's inputs, which changes the order autograd sums a shared input's gradients
         in (the bits of the q/k/v projections' input gradient)."""
         if not self._active:
+            return
+        if self.trainer.in_backward:  # gradient checkpointing's recompute: the backward needs them next
             return
         self._release(ids)
         if torch.is_tensor(out) and out.requires_grad:

@@ -342,6 +342,12 @@ class PolicyTrainer:
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
                                 loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch)
 
+    @property
+    def in_backward(self) -> bool:
+        """Whether `micro_batch_grad`'s backward is running (a forward now is gradient
+        checkpointing's recompute)."""
+        return self._grad_target is not None
+
     def _flat_hook(self, index: int, offset: int):
         def hook(p: torch.Tensor) -> None:
             if self._grad_target is None:
