@@ -122,13 +122,15 @@ def test_train_devices_hold_log_m_gradients_and_receive_a_few_gradients_an_updat
             assert 0 < e["received_bytes"] <= 2.5 * e["grad_bytes"], (split, e)
 
 
-CHECKPOINTING = "algorithm.gradient_checkpointing=true"  # the recompute inside the backward gathers too
+# gradient checkpointing: the recompute inside the backward gathers too; 4 micro-batches on 3 train
+# devices: the second round has two stand-ins
+STAND_INS = ("algorithm.gradient_checkpointing=true", "algorithm.micro_batch_size=4")
 SHARDED = [((1, 3), "optimizer", ()), ((2, 2), "optimizer", ()), ((1, 3), "full", ()), ((2, 2), "full", ()),
-           ((3, 1), "full", ()), ((2, 2), "full", (CHECKPOINTING,))]
+           ((3, 1), "full", ()), ((1, 3), "full", STAND_INS)]
 
 
 @pytest.mark.parametrize("split,shard,extra", SHARDED,
-                         ids=[f"{a}+{b}-{s}{'-checkpointing' if e else ''}" for (a, b), s, e in SHARDED])
+                         ids=[f"{a}+{b}-{s}{'-checkpointing-stand-ins' if e else ''}" for (a, b), s, e in SHARDED])
 def test_sharded_state_equals_colocated_for_every_split(ray_session, runs, reference, warm_start, split, shard,
                                                         extra):
     """cluster.shard=optimizer: each train device steps the AdamW state of its run of parameters
@@ -136,8 +138,17 @@ def test_sharded_state_equals_colocated_for_every_split(ray_session, runs, refer
     the colocated loop's, and each device holds its part of the state, not all of it. full: the
     same, and each device holds the weights of its run alone (gathered module by module in lockstep
     rounds, each gradient sent to its owner); the weight sync comes from every owner."""
+    if extra:  # the colocated loop with the same settings (checkpointing changes no bit there either)
+        reference = runs.colocated_with(*extra)
+        reference.assert_learned(warm_start)
     got = runs.disaggregated("sync", split, f"cluster.shard={shard}", *extra)
     got.assert_learned(warm_start)
+    if extra:  # 4 micro-batches a step on 3 devices: one computed two, the others a stand-in in round 2
+        per_device = {}
+        for e in got.events:
+            if e["kind"] == "interval" and e["phase"] == "micro_batch":
+                per_device.setdefault(e["step"], {}).setdefault(e["device"], []).append(e["micro_batch"])
+        assert all(sorted(map(len, d.values())) == [1, 1, 2] for d in per_device.values()), per_device
     _assert_syncs(got, split)
     got.assert_bitwise_equal(reference, f"sync {split} sharded vs colocated")
     # the global norm, from every owner's per-tensor norms, is the colocated one (clipping or not)
