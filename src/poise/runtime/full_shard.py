@@ -241,8 +241,12 @@ class ParameterShards:
 
 
 def _free(p: torch.Tensor) -> None:
+    """Release a parameter's storage (its shape stays). NaN first: a read of the freed bytes (a
+    backward that needs a weight the hooks did not gather again) would otherwise see the stale
+    values, by luck, and pass unnoticed; this way the loss is NaN."""
     if not p.data.untyped_storage().resizable():  # its bytes were lent to numpy (a digest): a storage of its own
         p.data = torch.empty_like(p.data)
+    p.data.fill_(float("nan"))
     p.data.untyped_storage().resize_(0)
 
 
