@@ -327,7 +327,7 @@ class EmulatedSync:
         return 0
 
     def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
-                sender_ready: float | None = None) -> float:
+                sender_ready: float | None = None, sources: list[int] | None = None) -> float:
         # A real broadcast starts when the sender enters it (receivers wait inside the
         # collective); an emulated receiver learns of that moment one notification later, so the
         # transfer is timed from `sender_ready`, not from when the notification arrived.

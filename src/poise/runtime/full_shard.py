@@ -6,15 +6,16 @@ empty storage. The forward and the backward gather each module's parameters just
 runs, by broadcast from the owner over the train group, and free them right after (a forward hook;
 a hook on the module's output gathers them again when its gradient arrives, for the module's
 backward; with gradient checkpointing the recompute inside the backward gathers what the hooks
-have not, and frees nothing: each parameter goes once its gradient is sent). Each parameter's gradient goes
-to its owner by gather as soon as the backward produces it, and the owner folds every device's
+have not, and frees nothing: each parameter goes once its gradient is sent). Each parameter's
+gradient goes to its owner by gather as soon as the backward produces it, and the owner folds every device's
 micro-batch gradient into that parameter's tree (bitwise: `TreeAccumulator`, leaf = micro-batch
 index, so the additions are the flat tree's, element for element) or running sum (semantic). No
 device ever holds a whole gradient, and between modules none holds the whole model.
 
 The gathers are collectives, so the train devices run rounds in lockstep: round k is every
-device's k-th micro-batch of the mini-batch, and a device with none left runs a one-token stand-in
-whose gradient its owners drop (runtime/trainer_group.py dispatches rounds). Every device runs the
+device's k-th micro-batch of the mini-batch (micro-batches kW .. kW + W - 1: device d computes every
+W-th), and a device with none left runs a one-token stand-in whose gradient its owners drop
+(runtime/trainer_group.py dispatches rounds). Every device runs the
 same modules in the same order, so the broadcasts and gathers meet one by one.
 """
 

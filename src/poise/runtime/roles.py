@@ -102,9 +102,10 @@ class WeightSync(Protocol):
     def groups_created_after_prewarm(self) -> int: ...
 
     def publish(self, src: int, ranks: list[int], version: int, bucket_mb: float,
-                sender_ready: float | None = None) -> float:
+                sender_ready: float | None = None, sources: list[int] | None = None) -> float:
         """Send (rank == src) or receive the weights into the engine, stamping `version`;
-        `sender_ready`: wall time the sender's last update ended (when the transfer can start)."""
+        `sender_ready`: wall time the sender's last update ended (when the transfer can start);
+        `sources` (`cluster.shard: full`): every train device sends the parameters it owns."""
         ...
 
 
