@@ -46,6 +46,7 @@ class ParameterShards:
         self.received = 0  # bytes of gradient this owner received since the last update
         self.weight_bytes = 0  # bytes of other owners' weights this device received since the last update
         self._hooks: list = []
+        self._group = None  # the train group's communicator, while sharded
         self._active = False
         for p in self.params:  # each tensor its own resizable storage, so it can be freed alone
             if not p.data.untyped_storage().resizable() or p.data.untyped_storage().nbytes() != p.numel() * \
@@ -67,7 +68,7 @@ class ParameterShards:
                                "without gathering them first")
         runs = owner_runs(self.sizes, len(ranks))
         self.owner = [ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
-        self.ranks = ranks
+        self.ranks, self._group = ranks, self.comm.get(ranks)
         for i, p in enumerate(self.params):
             if not self.owns(i):
                 _free(p)
@@ -77,8 +78,7 @@ class ParameterShards:
         """Room for every parameter here, no collective (a checkpoint load fills it)."""
         for p in self.params:
             _allocate(p)
-        self.ranks, self.owner = None, []
-        self._remove_hooks()
+        self._unshard()
 
     def gather_all(self, keep: bool = True, on_each=None) -> None:
         """Collective over the train group: every parameter, in order, broadcast by its owner.
@@ -89,18 +89,19 @@ class ParameterShards:
                 for i, p in enumerate(self.params):
                     on_each(i, p.detach())
             return
-        group = self.comm.get(self.ranks)
         for i, p in enumerate(self.params):
-            if not self.owns(i):
-                _allocate(p)
-            dist.broadcast(p.data, src=self.owner[i], group=group)
+            self._fetch(i)
             if on_each is not None:
                 on_each(i, p.detach())
             if not keep and not self.owns(i):
                 _free(p)
         if keep:
-            self.ranks, self.owner = None, []
-            self._remove_hooks()
+            self._unshard()
+
+    def _unshard(self) -> None:
+        """Every parameter is held here now: no owners, no hooks."""
+        self.ranks, self.owner, self._group = None, [], None
+        self._remove_hooks()
 
     def digest(self, names: list[str]) -> str | None:
         """`train_shard.weights_digest` of the whole model, computed on the group's first rank as
@@ -122,7 +123,7 @@ class ParameterShards:
         self.shard_over(ranks)
         mine = torch.tensor([-1.0 if index is None else float(index)], device=self.device)
         pieces = [torch.empty_like(mine) for _ in self.ranks]
-        dist.all_gather(pieces, mine, group=self.comm.get(self.ranks))
+        dist.all_gather(pieces, mine, group=self._group)
         self.leaves = [int(p.item()) for p in pieces]
         self._active = True
         self.trainer.grad_sink = self._sink
@@ -130,11 +131,7 @@ class ParameterShards:
     def end_round(self) -> None:
         """Free whatever the backward left gathered (a tied weight's second use); the same on every
         device, as every device ran the same modules."""
-        for i, p in enumerate(self.params):
-            if self.gathered[i]:
-                self.gathered[i] = False
-                if not self.owns(i):
-                    _free(p)
+        self._release(range(len(self.params)))
         self._active = False
         self.trainer.grad_sink = None
 
@@ -182,16 +179,20 @@ class ParameterShards:
     def _gather(self, ids: list[int]) -> None:
         if not self._active:
             return
-        group = self.comm.get(self.ranks)
         for i in ids:
-            if self.gathered[i]:
-                continue
-            p = self.params[i]
-            if not self.owns(i):
-                _allocate(p)
-                self.weight_bytes += p.numel() * p.element_size()
-            dist.broadcast(p.data, src=self.owner[i], group=group)
-            self.gathered[i] = True
+            if not self.gathered[i]:
+                self.weight_bytes += self._fetch(i)
+                self.gathered[i] = True
+
+    def _fetch(self, i: int) -> int:
+        """Parameter i from its owner, by broadcast over the train group (collective); returns
+        the bytes this device received."""
+        p = self.params[i]
+        owned = self.owns(i)
+        if not owned:
+            _allocate(p)
+        dist.broadcast(p.data, src=self.owner[i], group=self._group)
+        return 0 if owned else p.numel() * p.element_size()
 
     def _after_forward(self, ids: list[int], out) -> None:
         """Free the module's parameters; its output's gradient hook gathers them again for the
@@ -209,7 +210,7 @@ class ParameterShards:
             raise RuntimeError(f"cluster.shard=full: a module with parameters returned {type(out).__name__}, not a "
                                "tensor; its backward would run without them")
 
-    def _release(self, ids: list[int]) -> None:
+    def _release(self, ids) -> None:
         if not self._active:
             return
         for i in ids:
@@ -221,7 +222,7 @@ class ParameterShards:
     def _sink(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient of this round's micro-batch, to its owner (fp32, the reduction's
         dtype); the owner keeps each real micro-batch's and drops the stand-ins'."""
-        owner, group = self.owner[i], self.comm.get(self.ranks)
+        owner, group = self.owner[i], self._group
         g = grad.detach().to(torch.float32).reshape(-1).contiguous()
         if owner != self.rank:
             dist.gather(g, None, dst=owner, group=group)

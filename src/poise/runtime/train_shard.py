@@ -174,10 +174,14 @@ class TorchTrainShard:
             self._tree.push(index, flat)
         else:
             self._sum = flat if self._sum is None else self._sum.add_(flat)
-        return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
+        return self._record(result, start, len(self._tree))
+
+    def _record(self, result, start: float, held_grads: int) -> dict:
+        """What the driver logs of one micro-batch (its stats, its interval, the gradients held)."""
+        return {"index": result.index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
                 "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
                 "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,  # ~200 ints of histogram at most
-                "start": start, "end": time.time(), "device": self.rank, "held_grads": len(self._tree)}
+                "start": start, "end": time.time(), "device": self.rank, "held_grads": held_grads}
 
     def train_round(self, index: int | None, samples, advantages, ranks: list[int]) -> dict | None:
         """`shard: full`: this device's micro-batch of a lockstep round over train devices `ranks`
@@ -196,10 +200,7 @@ class TorchTrainShard:
         if index is None:
             return None
         self._held.add(index)
-        return {"index": index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
-                "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
-                "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,
-                "start": start, "end": time.time(), "device": self.rank, "held_grads": 0}
+        return self._record(result, start, 0)  # each gradient went to its owner
 
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, inputs_ready: float | None = None) -> dict:
@@ -248,14 +249,22 @@ class TorchTrainShard:
         if not self.bitwise:  # the all-reduced whole gradient: this owner's slice of it
             lo, hi = bounds[me]
             part, received = part[lo:hi], None
-        counts = [b - a for a, b in runs]
-        norm = self.trainer.apply_update(param_views(part, self.trainer.shapes[first:end]), normaliser, first,
-                                         lambda mine: _gather_ragged(mine, counts, me, group))
-        self.stepped = True
+        norm, norm_bytes = self._step_run(param_views(part, self.trainer.shapes[first:end]), normaliser, runs, me,
+                                          group)
         gathered = gather_runs(self.trainer.params, bounds, me, group)
         if received is not None:
-            received += 4 * max(counts) * len(ranks) + gathered
+            received += norm_bytes + gathered
         return norm, received
+
+    def _step_run(self, grads: list[torch.Tensor], normaliser: float, runs: list[tuple[int, int]], me: int,
+                  group) -> tuple[float, int]:
+        """Clip and step owner `me`'s run (the global norm from every owner's per-tensor norms, in
+        parameter order); returns the norm and the bytes the norms' all-gather received."""
+        counts = [b - a for a, b in runs]
+        norm = self.trainer.apply_update(grads, normaliser, runs[me][0],
+                                         lambda mine: _gather_ragged(mine, counts, me, group))
+        self.stepped = True
+        return norm, 4 * max(counts) * len(runs)
 
     def _full_update(self, m: int, indices: list[int], normaliser: float, ranks: list[int]) -> tuple[float, int]:
         """`shard: full`: the owner's gradients already sit in its trees (sent during the rounds);
@@ -270,12 +279,9 @@ class TorchTrainShard:
         runs = owner_runs(self.sizes, len(ranks))
         first, end = runs[me]
         self._check_state(first, end)
-        grads = self.full.summed(m, first, end)
-        counts = [b - a for a, b in runs]
-        norm = self.trainer.apply_update(grads, normaliser, first, lambda mine: _gather_ragged(mine, counts, me, group))
-        self.stepped = True
+        norm, norm_bytes = self._step_run(self.full.summed(m, first, end), normaliser, runs, me, group)
         # the gradients and norms it received, and the weights the rounds gathered (the price of sharding them)
-        received = self.full.received + 4 * max(counts) * len(ranks) + self.full.weight_bytes
+        received = self.full.received + norm_bytes + self.full.weight_bytes
         self.full.received = self.full.weight_bytes = 0
         return norm, received
 
