@@ -4,6 +4,7 @@ updated parameters, and the check that an owner steps with exactly its own state
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,12 +88,95 @@ def test_the_updated_runs_return_to_every_owner_in_bounded_chunks():
         assert len({received for c, _, _, received in results if c == chunk}) == 1
 
 
-def _shard(sharded: bool = True) -> TorchTrainShard:
-    model = build_tiny(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+def _shard(sharded: bool = True, rank: int = 0, mode: str | None = None) -> TorchTrainShard:
+    model = build_tiny(TinyModelConfig(hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
                                        intermediate_size=32, max_positions=32), 20, seed=0)
     trainer = PolicyTrainer(model, AlgorithmConfig(), pad_id=0)
-    return TorchTrainShard(0, trainer, CommunicatorCache(), True, torch.device("cpu"), lambda v: None,
-                           "optimizer" if sharded else "none")
+    return TorchTrainShard(rank, trainer, CommunicatorCache(), True, torch.device("cpu"), lambda v: None,
+                           mode or ("optimizer" if sharded else "none"))
+
+
+def _moments(shard: TorchTrainShard, owned) -> None:
+    """Distinct AdamW state for the parameters `owned(i)` says this process holds."""
+    for i, p in enumerate(shard.trainer.params):
+        if owned(i):
+            shard.trainer.optimizer.state[p] = {"exp_avg": torch.full(p.shape, i + 0.5),
+                                                "exp_avg_sq": torch.full(p.shape, i + 0.25), "step": torch.tensor(3.0)}
+
+
+def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> None:
+    """One train device of `shard: full`: save a checkpoint (rank 0 writes, every owner streams its
+    weights and state to it), watching the parameter bytes the writer holds as each tensor is
+    written; then load it back, each device reading its own run, and digest the whole model."""
+    import poise.train.checkpoint as ckpt
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    ranks = list(range(world))
+    shard = _shard(rank=rank, mode="full")
+    digest = shard.digest()
+    shard.full.shard_over(ranks)
+    _moments(shard, shard.full.owns)
+    held, real = [], ckpt.write_tensors
+
+    def watched(path, entries):
+        def watch(name, dtype, shape, value):
+            def value_now():
+                held.append(sum(p.untyped_storage().nbytes() for p in shard.trainer.params))
+                return value()
+            return name, dtype, shape, value_now
+        return real(path, [watch(*e) for e in entries])
+
+    ckpt.write_tensors = watched
+    if rank == 0:
+        path = shard.save_checkpoint(run_dir, 1, 1, None, ranks)
+    else:
+        shard.send_optimizer_state(0, ranks)
+    own = sum(p.untyped_storage().nbytes() for p in shard.trainer.params)
+    dist.barrier()
+    for p in shard.trainer.params:  # the load must fill every owned byte from the file
+        if p.untyped_storage().nbytes():
+            p.data.fill_(float("nan"))
+    shard.load_checkpoint(str(Path(run_dir) / "checkpoints" / "step_000001"), ranks)
+    loaded = sum(p.untyped_storage().nbytes() for p in shard.trainer.params)
+    queue.put((rank, digest, shard.digest(), held, own, loaded, len(shard.trainer.optimizer.state)))
+    dist.destroy_process_group()
+
+
+def test_full_shard_checkpoints_stream_from_every_owner_and_load_back_by_run(tmp_path):
+    """`shard: full`: the writer never holds more than its own run of the weights while it writes
+    (each other owner's tensor arrives as it is due), the files have the bytes the whole model's
+    save writes, and a load reads each device's run alone and gives back the same weights."""
+    from poise.train.checkpoint import TrainState, save_checkpoint
+
+    world = 3
+    whole = _shard(mode="none")
+    _moments(whole, lambda i: True)
+    reference = save_checkpoint(tmp_path / "whole", whole.trainer.model, whole.trainer.optimizer, TrainState(1, 1))
+    total = sum(p.numel() * p.element_size() for p in whole.trainer.params)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    run_dir = tmp_path / "full"
+    procs = [ctx.Process(target=_full_save_rank, args=(r, world, port, str(run_dir), queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    got = run_dir / "checkpoints" / "step_000001"
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        assert (got / name).read_bytes() == (reference / name).read_bytes(), name
+    writer = results[0]
+    assert writer[3] and max(writer[3]) == writer[4] < total, (writer[3], writer[4], total)  # its run, never more
+    assert sum(r[4] for r in results) == total and all(0 < r[4] < total for r in results), results
+    assert [r[5] for r in results] == [r[4] for r in results]  # each loaded its own run, nothing else
+    assert sum(r[6] for r in results) == len(whole.trainer.params)  # and the state of its run
+    digests = {r[1] for r in results} | {results[0][2]}
+    assert len(digests) == 1 and results[1][2] is None, results
 
 
 def test_an_owner_refuses_to_step_without_the_state_of_its_run():

@@ -225,13 +225,20 @@ def save_hf_weights(model: torch.nn.Module, path: str | Path, tensors: dict[str,
     """
     from safetensors.torch import save_file
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    model.config.name_or_path = ""  # keep run-specific paths out of the bytes
-    model.config.to_json_file(str(path / "config.json"), use_diff=True)
+    path = save_hf_config(model, path)
     tensors = model.named_parameters() if tensors is None else tensors.items()
     tensors = {name: p.detach().to("cpu").contiguous() for name, p in tensors}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+def save_hf_config(model: torch.nn.Module, path: str | Path) -> Path:
+    """Write the model's `config.json` into directory `path` (made if missing), with no
+    run-specific path in its bytes; returns the directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.name_or_path = ""
+    model.config.to_json_file(str(path / "config.json"), use_diff=True)
+    return path
 
 
 def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:

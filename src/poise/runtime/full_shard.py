@@ -66,11 +66,27 @@ class ParameterShards:
         if self.ranks is not None:
             raise RuntimeError(f"device {self.rank}: parameters sharded over {self.ranks}, asked for {ranks} "
                                "without gathering them first")
+        for i, p in enumerate(self._own(ranks)):
+            if not self.owns(i):
+                _free(p)
+        self._install_hooks()
+
+    def _own(self, ranks: list[int]) -> list[torch.Tensor]:
+        """Take ownership of the runs among sorted `ranks` (train/sharding.py); the parameters."""
         runs = owner_runs(self.sizes, len(ranks))
         self.owner = [ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
         self.ranks, self._group = ranks, self.comm.get(ranks)
-        for i, p in enumerate(self.params):
-            if not self.owns(i):
+        return self.params
+
+    def hold_run(self, ranks: list[int]) -> None:
+        """Sharded over train devices `ranks` from here on, no collective but the group's creation:
+        room for this device's run (a checkpoint load fills it), every other parameter freed."""
+        self._unshard()
+        ranks = sorted(ranks)
+        for i, p in enumerate(self._own(ranks)):
+            if self.owns(i):
+                _allocate(p)
+            elif p.data.untyped_storage().nbytes():
                 _free(p)
         self._install_hooks()
 

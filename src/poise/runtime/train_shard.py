@@ -25,7 +25,7 @@ import torch.distributed as dist
 from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
 from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
-                                    save_checkpoint)
+                                    safetensors_order, save_checkpoint)
 from poise.train.lora import trained_parameters
 from poise.runtime.full_shard import ParameterShards
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
@@ -362,31 +362,55 @@ class TorchTrainShard:
                         ranks: list[int] | None = None) -> str:
         """Write the weights, optimizer and RNG (the colocated loop's format). Sharded, `ranks`
         are the train devices: every other one runs `send_optimizer_state` meanwhile, and their
-        state streams into the one optimizer file, tensor by tensor, in parameter order."""
+        state streams into the one optimizer file, tensor by tensor, in parameter order; under
+        `shard: full` the weights stream into the model file from their owners the same way, so
+        no device holds more than its run and one tensor of another's."""
         self.wait_staging()
-        sharded_over = self.full.ranks if self.full is not None else None
-        if sharded_over is not None and ranks:  # shard: full: every owner broadcasts its run; this writer keeps them
-            self.full.gather_all(keep=True)
+        streamed = self.full is not None and self.full.ranks is not None and bool(ranks)
+        weights = self._weight_entries(self.rank) if streamed else None
         entries = self._state_entries(ranks, self.rank) if self.sharded and ranks else None
-        try:
-            return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer,
-                                       TrainState(step, version), extra, entries))
-        finally:
-            if sharded_over is not None and ranks:
-                self.full.shard_over(sharded_over)
+        return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
+                                   extra, entries, weights))
 
     def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
-        """Sharded: this owner's part of the checkpoint train device `writer` writes."""
+        """Sharded: this owner's part of the checkpoint train device `writer` writes (under `shard:
+        full` its weights first, then its optimizer state)."""
         self.wait_staging()
-        if self.full is not None and self.full.ranks is not None:  # the writer gathers the weights first
-            self.full.gather_all(keep=False)
-        self._state_entries(ranks, writer)
+        streamed = self.full is not None and self.full.ranks is not None
+        self._state_entries(ranks, writer, (lambda: self._weight_entries(writer)) if streamed else None)
 
-    def _state_entries(self, ranks: list[int], writer: int):
+    def _weight_entries(self, writer: int):
+        """`shard: full`: the weights as the writer's model file entries, in safetensors' order (the
+        file `save_file` would write of the whole model): on the writer, those of other owners
+        arrive when due; on the others, each of their own is sent in that order."""
+        full, group = self.full, self.comm.get(self.full.ranks)
+        index = {name: i for i, name in enumerate(self.names)}
+        order = [index[e[0]] for e in safetensors_order([(n, p.dtype, tuple(p.shape), None)
+                                                          for n, p in zip(self.names, self.trainer.params)])]
+        if self.rank != writer:
+            for i in order:
+                if full.owner[i] == self.rank:
+                    dist.send(self.trainer.params[i].data, dst=writer, group=group)
+            return None
+
+        def arriving(p: torch.Tensor, owner: int):
+            def value():
+                out = torch.empty(p.shape, dtype=p.dtype, device=self.device)
+                dist.recv(out, src=owner, group=group)
+                return out
+            return value
+
+        params = self.trainer.params
+        return [(self.names[i], params[i].dtype, tuple(params[i].shape),
+                 (lambda p=params[i]: p.detach()) if full.owns(i) else arriving(params[i], full.owner[i]))
+                for i in order]
+
+    def _state_entries(self, ranks: list[int], writer: int, before_sends=None):
         """Every train device's optimizer state as the writer's file entries (train/checkpoint.py
         `write_tensors`), in parameter order: on the writer, entries whose values arrive from
         their owners when due; on the others, each of their own entries sent in that same order
-        (so the writer's receives meet the owners' sends one by one; nothing else is held)."""
+        (so the writer's receives meet the owners' sends one by one; nothing else is held), after
+        `before_sends()` (what the writer's earlier file needs of them)."""
         ranks = sorted(ranks)
         group = self.comm.get(ranks)
         local = optimizer_entries_of(self.trainer.model, self.trainer.optimizer)
@@ -399,6 +423,8 @@ class TorchTrainShard:
                        key=lambda e: (e[0], e[1]))
         mine = {name: value for name, _, _, value in local}
         if self.rank != writer:
+            if before_sends is not None:
+                before_sends()
             for _, name, _, _, owner in every:
                 if owner == self.rank:
                     dist.send(mine[name]().to(self.device).contiguous(), dst=writer, group=group)
@@ -427,11 +453,14 @@ class TorchTrainShard:
                     else (0, len(self.names))
                 owned = set(self.names[first:end])
         self.trainer.optimizer.state.clear()
-        if self.full is not None:  # the whole model is read, then what this device does not own is freed
-            self.full.hold_all()
-        state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer, owned)
-        if self.full is not None and train_ranks is not None and self.rank in train_ranks:
-            self.full.shard_over(train_ranks)
+        weights = None
+        if self.full is not None:
+            if train_ranks is not None and self.rank in train_ranks:  # it reads its own run of the weights alone
+                self.full.hold_run(train_ranks)
+                weights = {self.names[i] for i in range(len(self.names)) if self.full.owns(i)}
+            else:  # a rollout device (or no train group named): the whole model
+                self.full.hold_all()
+        state = load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer, owned, weights)
         self.stepped = has_optimizer_state(Path(path))
         self.on_version(state.weights_version)
         return state.step, state.weights_version

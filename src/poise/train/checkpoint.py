@@ -69,11 +69,12 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainState, extra: dict[str, bytes] | None = None,
-                    optimizer_entries: list[Entry] | None = None) -> Path:
+                    optimizer_entries: list[Entry] | None = None,
+                    weight_entries: list[Entry] | None = None) -> Path:
     """`write_checkpoint`, where a full disk (or any OSError) is one line (CheckpointSaveError, exit
     2) and costs nothing: the partial directory is removed, the checkpoints before it stay."""
     try:
-        return write_checkpoint(run_dir, model, optimizer, state, extra, optimizer_entries)
+        return write_checkpoint(run_dir, model, optimizer, state, extra, optimizer_entries, weight_entries)
     except OSError as e:
         raise save_failed(run_dir, state.step, e) from None
     except SafetensorError as e:  # safetensors' writer reports the OS error in its message only
@@ -104,17 +105,25 @@ def save_failed(run_dir: str | Path, step: int, error: OSError) -> CheckpointSav
 
 def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      state: TrainState, extra: dict[str, bytes] | None = None,
-                     optimizer_entries: list[Entry] | None = None) -> Path:
+                     optimizer_entries: list[Entry] | None = None,
+                     weight_entries: list[Entry] | None = None) -> Path:
     """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
     `latest` at it. Tensors are written as they are (no device-side copies). `extra`: more files
     the resumed run needs (an async run's next samples, PENDING_SAMPLES), written and verified
     with the others. `optimizer_entries`: the optimizer state as entries (sharded: most of them
-    arrive from their owners as the file is written); default: `optimizer`'s own."""
-    from poise.model.loading import save_hf_weights
+    arrive from their owners as the file is written); default: `optimizer`'s own.
+    `weight_entries`: the weights likewise (`cluster.shard: full`: each arrives from its owner
+    when due, in safetensors' own order, so the file has `save_file`'s bytes); default: the
+    model's trained parameters, held here."""
+    from poise.model.loading import save_hf_config, save_hf_weights
     from poise.train.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
-    save_hf_weights(model, tmp, dict(trained_parameters(model)))  # under LoRA: the adapter
+    if weight_entries is None:
+        save_hf_weights(model, tmp, dict(trained_parameters(model)))  # under LoRA: the adapter
+    else:
+        save_hf_config(model, tmp)
+        write_tensors(tmp / "model.safetensors", safetensors_order(weight_entries))
     _test_kill("model", state.step)
     if optimizer_entries is None:
         optimizer_entries = optimizer_entries_of(model, optimizer)
@@ -145,6 +154,17 @@ def optimizer_entries_of(model: torch.nn.Module, optimizer: torch.optim.Optimize
             value = torch.as_tensor(value)
             entries.append((f"{name}::{key}", value.dtype, tuple(value.shape), lambda v=value: v))
     return entries
+
+
+# safetensors' dtype enum, in its order: `save_file` writes tensors by dtype, descending, then by name
+_ENUM_ORDER = ("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64",
+               "I64", "U64")
+
+
+def safetensors_order(entries: list[Entry]) -> list[Entry]:
+    """`entries` in the order `safetensors.torch.save_file` lays tensors out, so `write_tensors`
+    writes its bytes exactly (a streamed file equals the one written from a held dict)."""
+    return sorted(entries, key=lambda e: (-_ENUM_ORDER.index(_DTYPES[e[1]]), e[0]))
 
 
 def write_tensors(path: Path, entries: list[Entry]) -> None:
@@ -350,11 +370,25 @@ def check_finite(step: int, stats: dict, run_dir: str | Path) -> None:
                          f"the run stopped before saving it; {where}")
 
 
-def load_weights(path: Path, model: torch.nn.Module) -> None:
+def load_weights(path: Path, model: torch.nn.Module, names: set[str] | None = None) -> None:
     """Restore a checkpoint's weights into `model` in place: every parameter that training changes
-    (under LoRA the adapter; the frozen base is the run's initial one) must be there."""
+    (under LoRA the adapter; the frozen base is the run's initial one) must be there. `names`:
+    only these parameters, read one at a time into their (allocated) storage (`cluster.shard:
+    full`: a train device reads its own run alone)."""
     from poise.train.lora import trained_parameters
 
+    if names is not None:
+        from safetensors import safe_open
+
+        params = dict(model.named_parameters())
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            missing = sorted(names - set(f.keys()))
+            if missing:
+                raise PoiseError(f"checkpoint '{path}' does not match the model: missing {missing}")
+            with torch.no_grad():
+                for name in sorted(names):
+                    params[name].copy_(f.get_tensor(name))
+        return
     weights = load_file(str(path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     trained = {name for name, _ in trained_parameters(model)}
@@ -366,11 +400,12 @@ def load_weights(path: Path, model: torch.nn.Module) -> None:
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    owned: set[str] | None = None) -> TrainState:
+                    owned: set[str] | None = None, weights: set[str] | None = None) -> TrainState:
     """Restore weights, optimizer moments and RNG in place; returns the saved TrainState.
     `owned`: the parameters whose optimizer state this process takes (sharded, or none on a device
-    that does not train); default: every parameter's. Only those tensors are read."""
-    load_weights(path, model)
+    that does not train); default: every parameter's. Only those tensors are read. `weights`:
+    likewise for the weights (`load_weights`' `names`); default: all of them."""
+    load_weights(path, model, weights)
     from safetensors import safe_open
 
     params = dict(model.named_parameters())
