@@ -10,7 +10,8 @@ update (the exchange, the clip, AdamW, and with `optimizer` the all-gather of th
 `--updates` updates; with `full` the micro-batches run as lockstep rounds (`train_round`: each
 module's parameters gathered from their owner, each gradient sent to its owner). Per mode,
 measured in each process: the AdamW state and the weights it holds after the last update (bytes
-of their tensors), its peak RSS (getrusage) and the bytes it received per update. `floor` is one process that runs one
+of their tensors), its peak RSS (getrusage) and the bytes it received per update (with `full`,
+the part that is gathered weights, beside the gradient exchange). `floor` is one process that runs one
 micro-batch's forward/backward and nothing else (the memory no sharding of the state can remove).
 The weights after the last update are checked bit for bit between the modes.
 
@@ -74,6 +75,7 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
     digest = shard.digest()  # full: collective, rank 0 answers
     queue.put({"rank": rank, "optimizer_bytes": out["optimizer_bytes"], "received_bytes": out.get("received_bytes"),
                "parameter_bytes": out["parameter_bytes"], "grad_bytes": out.get("grad_bytes"),
+               "weight_bytes": out.get("weight_bytes", 0),
                "peak_rss_mb": peak, "seconds": time.perf_counter() - t0,
                "digest": digest and digest[:16], "params": trainer.numel})
     dist.destroy_process_group()
@@ -117,7 +119,7 @@ def main() -> None:
           f"(16 + {args.tokens}) tokens each per update, {args.updates} updates, 1 thread per device")
     print(f"floor (one micro-batch's forward/backward alone): peak RSS {floor['peak_rss_mb']:.0f} MB")
     print(f"{'shard':<10} {'AdamW MB per device':>28} {'weights MB per device':>28} {'peak RSS MB per device':>30} "
-          f"{'max - floor':>12} {'received / gradient':>20}")
+          f"{'max - floor':>12} {'received / gradient':>20} {'of which weights':>17}")
     for r in runs:
         state = [d["optimizer_bytes"] / MB for d in r["devices"]]
         weights = [d["parameter_bytes"] / MB for d in r["devices"]]
@@ -125,9 +127,14 @@ def main() -> None:
         r["state_max_mb"], r["peak_max_mb"], r["weights_max_mb"] = max(state), max(peak), max(weights)
         r["above_floor_mb"] = max(peak) - floor["peak_rss_mb"]
         r["received_per_gradient"] = max(d["received_bytes"] / d["grad_bytes"] for d in r["devices"])
+        # full: the weights each round gathers (forward and backward), the rest is the gradient exchange
+        r["weights_per_gradient"] = max(d["weight_bytes"] / d["grad_bytes"] for d in r["devices"])
+        r["exchange_per_gradient"] = max((d["received_bytes"] - d["weight_bytes"]) / d["grad_bytes"]
+                                         for d in r["devices"])
         print(f"{r['shard']:<10} {' '.join(f'{s:6.0f}' for s in state):>28} "
               f"{' '.join(f'{w:6.0f}' for w in weights):>28} {' '.join(f'{p:6.0f}' for p in peak):>30}"
-              f" {r['above_floor_mb']:>12.0f} {r['received_per_gradient']:>19.2f}x")
+              f" {r['above_floor_mb']:>12.0f} {r['received_per_gradient']:>19.2f}x"
+              f" {r['weights_per_gradient']:>16.2f}x")
     none = runs[0]
     ratios = {}
     for sharded in runs[1:]:

@@ -214,7 +214,9 @@ class TorchTrainShard:
         """
         start = time.time()
         barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
+        gathered = None
         if self.full is not None:
+            gathered = self.full.weight_bytes  # of `received`: the weights the rounds gathered
             norm, received = self._full_update(num_micro_batches, indices, normaliser, ranks)
         elif self.sharded:
             norm, received = self._sharded_update(num_micro_batches, indices, normaliser, ranks, rows)
@@ -222,6 +224,8 @@ class TorchTrainShard:
             total, received = self._reduce(num_micro_batches, indices, ranks, rows)
             norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
         traffic = {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.numel}
+        if gathered is not None and received is not None:
+            traffic["weight_bytes"] = gathered
         traffic["optimizer_bytes"] = sum(t.numel() * t.element_size() for st in self.trainer.optimizer.state.values()
                                          for t in st.values() if torch.is_tensor(t))
         traffic["parameter_bytes"] = sum(p.untyped_storage().nbytes() for p in self.trainer.params)  # held here
