@@ -1,6 +1,7 @@
 """A device's generation memory follows its role: a train device holds no KV cache, a rollout
 device builds it when it first generates, and a live switch to train frees it, as the resident
-memory of the device's process shows (a real worker actor, the tiny model, gloo)."""
+memory of the device's process shows (a real worker actor, the tiny model, gloo). A train device
+of `cluster.shard: full` starts with its own run of the weights alone."""
 
 from __future__ import annotations
 
@@ -47,3 +48,27 @@ def test_a_switch_to_train_frees_the_kv_cache(ray_session, tmp_path):
         assert rollout_rss - _rss_of(pid) > cache * 3 // 4, "the switch to train left the KV cache resident"
     finally:
         ray_session.kill(device)
+
+
+def test_full_shard_train_devices_start_with_their_own_run_of_the_weights(ray_session, warm_start, tmp_path):
+    """cluster.shard=full from a checkpoint directory: each train device reads only its run of the
+    weights at start-up (the others keep their shapes with no storage); together the two hold
+    every weight once, and their collective digest is the checkpoint's."""
+    from poise.model.loading import load_model
+    from poise.runtime.train_shard import weights_digest
+
+    cfg = load_train_config(None, ["cluster.devices=2", f"run.dir={tmp_path}", *warm_start.overrides])
+    whole = load_model(warm_start.path)
+    total = sum(p.numel() * p.element_size() for p in whole.parameters())
+    spec = WorkerSpec(cfg.model, cfg.data.tokenizer, cfg.algorithm, cfg.rollout, 0, 1, True, "cpu", shard="full",
+                      train_ranks=(0, 1))
+    devices = start_devices([0, 1], lambda i: "DEFAULT", 1, 2, rendezvous_key(), spec, num_cpus=0)
+    try:
+        held = ray_session.get([d.parameter_bytes.remote() for d in devices], timeout=180)
+        assert sum(held) == total and all(0 < h < total for h in held), (held, total)
+        digests = ray_session.get([d.weights_digest.remote() for d in devices], timeout=120)
+        assert digests[0] == weights_digest(whole) and digests[1] is None, digests
+        assert ray_session.get([d.parameter_bytes.remote() for d in devices]) == held  # the digest kept nothing
+    finally:
+        for d in devices:
+            ray_session.kill(d)

@@ -56,7 +56,7 @@ def build_tiny(cfg: TinyModelConfig, vocab_size: int, seed: int, eos_id: int = 2
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> torch.nn.Module:
+               device: torch.device | str = "cpu", keep: set[str] | None = None) -> torch.nn.Module:
     """Load a causal LM from a local directory holding config.json and safetensors weights,
     straight onto `device` in `dtype`.
 
@@ -69,6 +69,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     `.to(device, dtype)` (the same rounding, the RoPE buffers cast alike): a run in bfloat16
     starts from the float32 checkpoint's weights rounded once. `device="meta"` checks the
     directory, the config and every tensor's name and shape without reading any weights.
+    `keep`: only these parameters are allocated and read; every other one keeps its shape with
+    an empty storage (`cluster.shard: full`: a train device starts with its own run alone).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -122,12 +124,16 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each name its own storage: tied parameters share one again
     _rebuild_buffers(model, device, dtype)
+    if keep is not None:  # to_empty's storage is untouched memory: freeing it costs nothing resident
+        for name, p in model.named_parameters():
+            if name not in keep:
+                p.data.untyped_storage().resize_(0)
     params = dict(model.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for file, header in headers:
             with open(file, "rb", buffering=0) as f:
                 for name, (file_dtype, shape, start, end) in sorted(header.items(), key=lambda kv: kv[1][2]):
-                    if name in params:
+                    if name in params and params[name].untyped_storage().nbytes():
                         _read_into(f, start, end, file_dtype, shape, params[name])
     return model.eval()
 

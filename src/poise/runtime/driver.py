@@ -137,14 +137,15 @@ class Runtime:
         world = c.devices + c.reserve_devices  # the reserve is in the torch world from the start, idle
         # emulated devices may share a process (runtime/worker.py DeviceHost); real ones never do
         per = self.cfg.emulation.per_process(world) if self.spec.emulated is not None else 1
-        self.workers = start_devices(list(range(c.devices)), self.pool.strategy, per, world, port, self.spec,
-                                     num_cpus=1, **resources)
-        if c.reserve_devices:
-            self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
-                                          self.spec, num_cpus=1, **resources)
         pool_rollout = split.rollout - len(self.joined)  # a restart (recovery) keeps the joined devices
         self.rollout_ranks = list(range(pool_rollout)) + self.joined
         self.train_ranks = list(range(pool_rollout, pool_rollout + split.train))
+        spec = dataclasses.replace(self.spec, train_ranks=tuple(self.train_ranks))  # shard: full loads its run
+        self.workers = start_devices(list(range(c.devices)), self.pool.strategy, per, world, port, spec,
+                                     num_cpus=1, **resources)
+        if c.reserve_devices:
+            self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
+                                          spec, num_cpus=1, **resources)
         self.leader = self.train_ranks[0]
         # every worker creates the same groups in the same order (dist.new_group is collective):
         # those of this split and of every split a live resize may move to

@@ -49,8 +49,8 @@ class ParameterShards:
         self._group = None  # the train group's communicator, while sharded
         self._active = False
         for p in self.params:  # each tensor its own resizable storage, so it can be freed alone
-            if not p.data.untyped_storage().resizable() or p.data.untyped_storage().nbytes() != p.numel() * \
-                    p.element_size():
+            storage = p.data.untyped_storage()
+            if storage.nbytes() and (not storage.resizable() or storage.nbytes() != p.numel() * p.element_size()):
                 p.data = p.data.clone()
 
     # ---- which device holds what --------------------------------------------------------------
@@ -75,8 +75,26 @@ class ParameterShards:
         """Take ownership of the runs among sorted `ranks` (train/sharding.py); the parameters."""
         runs = owner_runs(self.sizes, len(ranks))
         self.owner = [ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
-        self.ranks, self._group = ranks, self.comm.get(ranks)
+        self.ranks, self._group = ranks, None
         return self.params
+
+    @property
+    def group(self):
+        """The train group's communicator (CommunicatorCache: created once, collectively)."""
+        if self._group is None:
+            self._group = self.comm.get(self.ranks)
+        return self._group
+
+    def adopt(self, ranks: list[int]) -> None:
+        """Sharded over train devices `ranks` from the start: the model was loaded with this
+        device's run alone (runtime/worker.py), every other parameter has no storage. No
+        collective: the group's communicator is taken at the first round."""
+        self._own(sorted(ranks))
+        for i, p in enumerate(self.params):
+            if self.owns(i) != bool(p.data.untyped_storage().nbytes()):
+                raise RuntimeError(f"device {self.rank}: parameter {i} is {'not ' if self.owns(i) else ''}its own "
+                                   f"but {'has no' if self.owns(i) else 'has'} storage")
+        self._install_hooks()
 
     def hold_run(self, ranks: list[int]) -> None:
         """Sharded over train devices `ranks` from here on, no collective but the group's creation:
@@ -139,7 +157,7 @@ class ParameterShards:
         self.shard_over(ranks)
         mine = torch.tensor([-1.0 if index is None else float(index)], device=self.device)
         pieces = [torch.empty_like(mine) for _ in self.ranks]
-        dist.all_gather(pieces, mine, group=self._group)
+        dist.all_gather(pieces, mine, group=self.group)
         self.leaves = [int(p.item()) for p in pieces]
         self._active = True
         self.trainer.grad_sink = self._sink
@@ -207,7 +225,7 @@ class ParameterShards:
         owned = self.owns(i)
         if not owned:
             _allocate(p)
-        dist.broadcast(p.data, src=self.owner[i], group=self._group)
+        dist.broadcast(p.data, src=self.owner[i], group=self.group)
         return 0 if owned else p.numel() * p.element_size()
 
     def _after_forward(self, ids: list[int], out) -> None:
@@ -238,7 +256,7 @@ class ParameterShards:
     def _sink(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient of this round's micro-batch, to its owner (fp32, the reduction's
         dtype); the owner keeps each real micro-batch's and drops the stand-ins'."""
-        owner, group = self.owner[i], self._group
+        owner, group = self.owner[i], self.group
         g = grad.detach().to(torch.float32).reshape(-1).contiguous()
         if owner != self.rank:
             dist.gather(g, None, dst=owner, group=group)

@@ -46,8 +46,9 @@ class WorkerSpec:
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
     test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
     gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
-    shard: str = "none"  # cluster.shard: none | optimizer (runtime/train_shard.py)
+    shard: str = "none"  # cluster.shard: none | optimizer | full (runtime/train_shard.py)
     test_kill: object = None  # runtime/faults.py SyncKills: POISE_TEST_KILL=sync:..., tests only
+    train_ranks: tuple[int, ...] = ()  # the train devices the actors start in (shard: full builds only its run)
 
 
 class Device(FileEndpoint):
@@ -81,6 +82,10 @@ class Device(FileEndpoint):
 
     def weights_digest(self) -> str:
         return self.shard.digest()
+
+    def parameter_bytes(self) -> int:
+        """Bytes of weights this device holds now (`shard: full`: its own run at rest)."""
+        return sum(p.untyped_storage().nbytes() for p in self.shard.trainer.params)
 
     def held_version(self) -> int:
         """The weights version this device holds; also the fault handler's liveness probe."""
@@ -389,7 +394,9 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     comm = CommunicatorCache(timeout)
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
-    model = _initial_policy(spec, tokenizer, device, dtype)
+    owners = _starting_owners(spec, rank)
+    keep = None if owners is None else _own_run(spec.model.path, dtype, owners, rank)
+    model = _initial_policy(spec, tokenizer, device, dtype, keep)
     if spec.model.lora is not None:  # every device: the engine applies the adapter too
         from poise.train.lora import attach_adapter
 
@@ -407,7 +414,18 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
         engine_call(lambda e: e.set_weights_version(version))
 
     shard = TorchTrainShard(rank, trainer, comm, spec.bitwise, device, set_version, spec.shard)
+    if owners is not None:
+        shard.full.adopt(owners)
     return engine, shard, BroadcastSync(rank, model, comm, device, engine_call)
+
+
+def _starting_owners(spec: WorkerSpec, rank: int) -> list[int] | None:
+    """`shard: full`, a checkpoint directory, several train devices and this one among them: the
+    train devices it starts sharded over (it loads its own run of the weights alone); else None."""
+    ranks = sorted(spec.train_ranks)
+    if spec.shard != "full" or spec.model.path is None or len(ranks) < 2 or rank not in ranks:
+        return None
+    return ranks
 
 
 def _emulated_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, engine_call):
@@ -461,13 +479,25 @@ def join_rendezvous(rank: int, world_size: int, key: str, timeout):
     return dist.TCPStore(host, int(port), world_size, False, timeout=timeout)
 
 
-def _initial_policy(spec: WorkerSpec, tokenizer, device, dtype):
+def _own_run(path: str, dtype, owners: list[int], rank: int) -> set[str]:
+    """The names of the parameters device `rank` owns among train devices `owners` (the trainer's
+    parameters in order, train/sharding.py `owner_runs`), from the checkpoint's shapes alone."""
+    from poise.model.loading import load_model
+    from poise.train.sharding import owner_runs
+
+    named = [(n, p) for n, p in load_model(path, dtype, "meta").named_parameters() if p.requires_grad]
+    first, end = owner_runs([p.numel() for _, p in named], len(owners))[owners.index(rank)]
+    return {n for n, _ in named[first:end]}
+
+
+def _initial_policy(spec: WorkerSpec, tokenizer, device, dtype, keep: set[str] | None = None):
     """Every device builds the same initial weights: a local checkpoint, loaded straight onto the
     device in the compute dtype, or the seeded tiny model (made in float32 on the CPU: its weights
-    are a function of the seed there, then cast)."""
+    are a function of the seed there, then cast). `keep`: only these parameters of the checkpoint
+    are read (`shard: full`); the others keep their shapes with no storage."""
     from poise.model.loading import build_tiny, load_model
 
     if spec.model.path is not None:
-        return load_model(spec.model.path, dtype, device)
+        return load_model(spec.model.path, dtype, device, keep=keep)
     return build_tiny(spec.model.tiny, tokenizer.vocab_size, spec.seed, tokenizer.eos_id, tokenizer.pad_id,
                       tokenizer.bos_id).to(device, dtype)
