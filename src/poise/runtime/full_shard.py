@@ -7,10 +7,11 @@ runs, by broadcast from the owner over the train group, and free them right afte
 a hook on the module's output gathers them again when its gradient arrives, for the module's
 backward; with gradient checkpointing the recompute inside the backward gathers what the hooks
 have not, and frees nothing: each parameter goes once its gradient is sent). Each parameter's
-gradient goes to its owner by gather as soon as the backward produces it, and the owner folds every device's
-micro-batch gradient into that parameter's tree (bitwise: `TreeAccumulator`, leaf = micro-batch
-index, so the additions are the flat tree's, element for element) or running sum (semantic). No
-device ever holds a whole gradient, and between modules none holds the whole model.
+gradient goes to its owner point to point as soon as the backward produces it, and the owner
+folds every device's micro-batch gradient, one at a time as it arrives, into that parameter's
+tree (bitwise: `TreeAccumulator`, leaf = micro-batch index, so the additions are the flat tree's,
+element for element) or running sum (semantic). No device ever holds a whole gradient, and
+between modules none holds the whole model.
 
 The gathers are collectives, so the train devices run rounds in lockstep: round k is every
 device's k-th micro-batch of the mini-batch (micro-batches kW .. kW + W - 1: device d computes every
@@ -255,24 +256,30 @@ class ParameterShards:
 
     def _sink(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient of this round's micro-batch, to its owner (fp32, the reduction's
-        dtype); the owner keeps each real micro-batch's and drops the stand-ins'."""
+        dtype), point to point; the owner takes each device's in group order and folds it in at
+        once (one arriving gradient held at a time, not W), keeping the real micro-batches' and
+        dropping the stand-ins'."""
         owner, group = self.owner[i], self.group
         g = grad.detach().to(torch.float32).reshape(-1).contiguous()
         if owner != self.rank:
-            dist.gather(g, None, dst=owner, group=group)
+            dist.send(g, dst=owner, group=group)
         else:
-            pieces = [torch.empty_like(g) for _ in self.ranks]
-            dist.gather(g, pieces, dst=owner, group=group)
             for position, leaf in enumerate(self.leaves):
+                source = self.ranks[position]
+                if source == self.rank:
+                    piece = g.clone()  # its own: a buffer of its own, not autograd's gradient
+                else:
+                    piece = torch.empty_like(g)
+                    dist.recv(piece, src=source, group=group)
                 if leaf < 0:
                     continue
-                if self.ranks[position] != self.rank:
+                if source != self.rank:
                     self.received += 4 * g.numel()
                 if self.bitwise:
-                    self.sums.setdefault(i, TreeAccumulator(torch.add)).push(leaf, pieces[position])
+                    self.sums.setdefault(i, TreeAccumulator(torch.add)).push(leaf, piece)
                 else:
-                    self.sums[i] = pieces[position] if i not in self.sums else self.sums[i].add_(pieces[position])
-            del pieces
+                    self.sums[i] = piece if i not in self.sums else self.sums[i].add_(piece)
+                del piece
         self._release([i])
 
 
