@@ -7,8 +7,10 @@
 `TorchTrainShard`, bitwise, 1 thread, one micro-batch of 2 x (16 + 32) tokens per device per
 update, 2 updates), each in a cgroup of its own whose memory limit is `--limit-mb` with no swap
 (cgroup v1 or v2, `poise.rewards.cgroup`: the kernel enforces it; a device over it is killed).
-It holds from before the process imports torch, so the model's build, its initial whole copy and
-every transient count. For each mode the ladder of built-in shapes (`<hidden>x<layers>`) is tried
+It holds from before the process imports torch, so the model's load and every transient count.
+Each shape is saved once as an HF directory by this process (outside the limits) and each device
+loads it as `poise train model.path=DIR` does: with `full` a device reads its own run alone
+(`--built` instead builds the seeded model whole on every device, as before). For each mode the ladder of built-in shapes (`<hidden>x<layers>`) is tried
 from the top down; the first shape whose run completes is the mode's largest (the ones above it
 were killed, or failed). Needs root or a delegated cgroup (it says so otherwise).
 
@@ -21,6 +23,8 @@ import argparse
 import multiprocessing as mp
 import os
 import queue as queue_module
+import shutil
+import tempfile
 import time
 
 from results import write_results  # benchmarks/results.py
@@ -46,7 +50,21 @@ def parameters(shape: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def attempt(shape: str, shard: str, world: int, limit_mb: int, port: int, layer, timeout_s: float) -> dict:
+def saved(shape: str, root: str) -> str:
+    """The seeded built-in model of `shape` as an HF directory under `root` (made once)."""
+    from train_memory import _model
+
+    from poise.model.loading import save_hf_weights
+
+    path = os.path.join(root, shape)
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        model, _ = _model(shape)
+        save_hf_weights(model, path)
+    return path
+
+
+def attempt(shape: str, shard: str, world: int, limit_mb: int, port: int, layer, timeout_s: float,
+            model_dir: str | None = None) -> dict:
     """One run of `world` devices on `shape`; returns whether all completed and how each ended."""
     from poise.rewards.cgroup import WorkerCgroup
 
@@ -62,7 +80,7 @@ def attempt(shape: str, shard: str, world: int, limit_mb: int, port: int, layer,
                         f.write("max")
             groups.append(group)
             procs.append(ctx.Process(target=limited_device, args=(":".join(group.paths), rank, world, port, shape,
-                                                                  shard, 1, 2, 2, 32, results)))
+                                                                  shard, 1, 2, 2, 32, results, model_dir)))
         t0 = time.time()
         for p in procs:
             p.start()
@@ -97,6 +115,8 @@ def main() -> None:
     ap.add_argument("--modes", default="none,optimizer,full")
     ap.add_argument("--ladder", default=LADDER, help="shapes <hidden>x<layers>, smallest first")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="a run that takes longer counts as failed")
+    ap.add_argument("--built", action="store_true", help="build the seeded model whole on every device instead of "
+                    "loading it from a saved directory")
     args = ap.parse_args()
 
     from poise.rewards.cgroup import locate
@@ -111,10 +131,12 @@ def main() -> None:
           f"ladder: {', '.join(f'{s} ({sizes[s] / 1e6:.0f}M)' for s in ladder)}")
     runs, largest = [], {}
     port = 29800
+    root = tempfile.mkdtemp(prefix="shard-max-model-")  # the saved shapes, removed at the end
     for shard in args.modes.split(","):
         for shape in reversed(ladder):
             port += 1
-            r = attempt(shape, shard, args.world, args.limit_mb, port, layer, args.timeout_s)
+            model_dir = None if args.built else saved(shape, root)
+            r = attempt(shape, shard, args.world, args.limit_mb, port, layer, args.timeout_s, model_dir)
             r["parameters"] = sizes[shape]
             runs.append(r)
             peaks = [d["peak_rss_mb"] for d in r["devices"]]
@@ -130,6 +152,7 @@ def main() -> None:
         ratio = best["parameters"] / base if base else float("nan")
         best["vs_none"] = ratio
         print(f"{shard:<10} {best['shape']:>14} {best['parameters'] / 1e6:>11.0f}M {ratio:>7.2f}x")
+    shutil.rmtree(root, ignore_errors=True)
     write_results("shard_max_model", {"args": vars(args), "cgroup_version": layer.version, "sizes": sizes,
                                       "runs": runs, "largest": largest})
 

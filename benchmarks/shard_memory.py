@@ -32,7 +32,10 @@ MB = 2**20
 
 
 def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int, updates: int, samples: int,
-           tokens: int, queue) -> None:
+           tokens: int, queue, model_dir: str | None = None) -> None:
+    """One train device. `model_dir`: the shape saved as an HF directory, loaded as `poise train
+    model.path=DIR` loads it (with `full`, this device's own run of it alone: runtime/worker.py);
+    default: the seeded built-in model, built whole."""
     import torch
     import torch.distributed as dist
 
@@ -47,9 +50,20 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
     torch.manual_seed(0)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    model, tok = _model(shape)
+    owners = list(range(world)) if model_dir is not None and shard == "full" and world > 1 else None
+    if model_dir is None:
+        model, tok = _model(shape)
+    else:
+        from poise.data.tokenizer import CharTokenizer
+        from poise.model.loading import load_model
+        from poise.runtime.worker import _own_run
+
+        tok = CharTokenizer()
+        model = load_model(model_dir, keep=None if owners is None else _own_run(model_dir, torch.float32, owners, rank))
     trainer = PolicyTrainer(model, AlgorithmConfig(), tok.pad_id)
     shard = TorchTrainShard(rank, trainer, CommunicatorCache(), True, torch.device("cpu"), lambda v: None, shard)
+    if owners is not None:
+        shard.full.adopt(owners)
     m = micro * world
     ranges = contiguous_ranges(m, world)
     rows = max(len(index_nodes(range(a, b), m)) for a, b in ranges)
