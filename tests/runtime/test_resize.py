@@ -101,8 +101,9 @@ def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray
                                                                              shard):
     """cluster.shard=optimizer: at every switch each parameter whose owner changes has its state
     sent by its old owner to its new one (through the bounded buffer); the run ends with the bytes
-    of the unsharded static 2+2 run. full: the old train devices gather the whole model first (a
-    leaving one generates with it), and each train device of the new split keeps its run alone."""
+    of the unsharded static 2+2 run. full: the old train devices reshard the weights, a leaving
+    one taking the whole model (it generates with it) and a staying one only its new run (it
+    never holds the whole model), and each train device of the new split keeps its run alone."""
     static = runs.get(f"{mode}-static", train_disaggregated, f"pipeline.mode={mode}", "cluster.split=[2,2]")
     resized = runs.get(f"{mode}-{shard}-resized", train_disaggregated, f"pipeline.mode={mode}",
                        "cluster.split=[2,2]", SCHEDULE, f"cluster.shard={shard}")
@@ -131,6 +132,16 @@ def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray
     assert len(whole) == 1, weights
     for step, parts in weights.items():  # full: the weights once, at every split; optimizer: whole everywhere
         assert (sum(parts) if shard == "full" else min(parts)) == max(whole), (step, parts)
+    if shard == "full":
+        (model_bytes,) = whole
+        # 2+2 -> 1+3: both stay; 1+3 -> 3+1: 1 and 2 leave, 3 stays and owns it all; 3+1 -> 2+2: 3 owned it all
+        for e in events:
+            held = {int(d): b for d, b in e["weights_held_by_device"].items()}
+            assert set(held) == set(range(e["from_split"][0], 4)), e
+            for d, b in held.items():
+                whole_here = d < e["to_split"][0] or e["to_split"][1] == 1 or e["from_split"][1] == 1
+                assert (b == model_bytes) if whole_here else (b < model_bytes), (e["from_split"], e["to_split"], held)
+        assert any(b < model_bytes for e in events for b in e["weights_held_by_device"].values())
 
 
 def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):

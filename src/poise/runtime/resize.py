@@ -76,6 +76,7 @@ class ResizeReport:
     staging: dict[int, dict] = field(default_factory=dict)  # joiner (sharded: every owner) -> bytes, seconds, peak buffer
     staged_by: list[int] = field(default_factory=list)  # cluster.shard: optimizer: the devices that resharded
     barrier_s: float = 0.0  # how long the first update on the new split waited for staging
+    weights_held: dict[int, int] = field(default_factory=dict)  # shard: full: old train device -> most weight bytes
 
     mode: str = "live"
 
@@ -99,7 +100,9 @@ class ResizeReport:
                 # what each device received and sent (sharded: old owners send, new owners receive)
                 "optimizer_bytes_by_device": {str(d): s.get("bytes", 0) + s.get("sent_bytes", 0)
                                               for d, s in self.staging.items()},
-                "groups_created": self.groups_created}
+                "groups_created": self.groups_created,
+                # shard: full: the most weight bytes each old train device held while the weights resharded
+                "weights_held_by_device": {str(d): b for d, b in self.weights_held.items()}}
 
 
 def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> ResizeReport:
@@ -114,8 +117,9 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     if rt.sharded:  # first: a leaving owner hands its state on before its engine starts (it waits for that)
         t = time.perf_counter()
         old_train = list(rt.train_ranks)
-        if rt.full:  # the parameters are sharded too: the whole model back on every old train device first
-            ray.get([workers[d].gather_weights.remote() for d in old_train])
+        if rt.full:  # the parameters are sharded too: a leaving device takes the whole model, a staying one its new run
+            held = ray.get([workers[d].gather_weights.remote(new_train) for d in old_train])
+            report.weights_held = dict(zip(old_train, held))
         report.staged_by = sorted(set(old_train) | set(new_train))
         ray.get([workers[d].reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20))
                  for d in report.staged_by])
@@ -141,6 +145,8 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
 
     t = time.perf_counter()  # rollout -> train: cached groups, weights already current
     ray.get([workers[d].become.remote("train", version) for d in to_train])
+    if rt.full:  # a joining device keeps its run, like the devices that stayed
+        ray.get([workers[d].shard_weights.remote(new_train) for d in to_train])
     peer = next(d for d in rt.train_ranks if d in new_train)  # a train device that stays
     rt.rollout_ranks, rt.train_ranks, rt.leader = new_rollout, new_train, new_train[0]
     rt.trainer.set_devices([workers[d] for d in new_train], new_train, **rt.helpers())

@@ -289,12 +289,18 @@ class TorchTrainShard:
         self.full.received = self.full.weight_bytes = 0
         return norm, received
 
-    def gather_weights(self) -> None:
-        """`shard: full`, before a live resize: every train device takes the whole model again
-        (collective over the train group; a device leaving for rollout needs it, the others
-        shard again over the new group at their next round)."""
+    def gather_weights(self, new_ranks: list[int]) -> int:
+        """`shard: full`, before a live resize (collective over the old train group): a device
+        leaving for rollout takes the whole model, one that stays its run among train devices
+        `new_ranks` alone (runtime/full_shard.py `reshard`). Returns the most weight bytes it held
+        at once."""
+        return self.full.reshard(new_ranks) if self.full is not None else 0
+
+    def shard_weights(self, ranks: list[int]) -> None:
+        """`shard: full`: a device joining the trainer (it holds the whole model, as a rollout
+        device) keeps its run among train devices `ranks` and frees the rest; no collective."""
         if self.full is not None:
-            self.full.gather_all(keep=True)
+            self.full.shard_over(ranks)
 
     def _check_state(self, first: int, end: int) -> None:
         """An owner steps with the state of exactly its run (all of it once any update happened):

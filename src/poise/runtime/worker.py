@@ -199,9 +199,15 @@ class Device(FileEndpoint):
             out.append(self.shard.train_round(j, samples, adv, ranks))
         return out
 
-    def gather_weights(self) -> None:
-        """`cluster.shard: full`, before a live resize: the whole model on every train device."""
-        self.shard.gather_weights()
+    def gather_weights(self, new_ranks: list[int]) -> int:
+        """`cluster.shard: full`, before a live resize (every old train device): the whole model
+        on a device that leaves the trainer, its run among `new_ranks` on one that stays; returns
+        the most weight bytes it held at once."""
+        return self.shard.gather_weights(new_ranks)
+
+    def shard_weights(self, ranks: list[int]) -> None:
+        """`cluster.shard: full`, a device that joined the trainer: its run among `ranks` alone."""
+        self.shard.shard_weights(ranks)
 
     def apply_update(self, num_micro_batches: int, indices: list[int], normaliser: float, ranks: list[int],
                      rows: int, after: list | None = None, requires: list | None = None,
