@@ -359,3 +359,14 @@ def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, re
     got.assert_bitwise_equal(reference, "crashed and resumed vs colocated")
 
 # An async run resumes too (issue 11): tests/runtime/test_resume.py.
+
+
+def test_semantic_full_shard_learns_and_its_first_update_is_the_bitwise_one_up_to_rounding(ray_session, runs,
+                                                                                            reference, warm_start):
+    """determinism=semantic with cluster.shard=full: each owner keeps a running sum of the arriving
+    gradients (reassociation allowed) instead of the fixed tree. The first step's samples come from
+    the same weights, so its gradient norm is the bitwise run's up to rounding; the run learns."""
+    got = runs.disaggregated("sync", (2, 2), "determinism=semantic", "cluster.shard=full")
+    got.assert_learned(warm_start)
+    first, exact = got.rows[0]["grad_norm"], reference.rows[0]["grad_norm"]
+    assert first == pytest.approx(exact, rel=1e-4), (first, exact)
