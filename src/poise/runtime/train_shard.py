@@ -393,7 +393,7 @@ class TorchTrainShard:
         """`shard: full`: the weights as the writer's model file entries, in safetensors' order (the
         file `save_file` would write of the whole model): on the writer, those of other owners
         arrive when due; on the others, each of their own is sent in that order."""
-        full, group = self.full, self.comm.get(self.full.ranks)
+        full, group = self.full, self.full.group
         index = {name: i for i, name in enumerate(self.names)}
         order = [index[e[0]] for e in safetensors_order([(n, p.dtype, tuple(p.shape), None)
                                                           for n, p in zip(self.names, self.trainer.params)])]
