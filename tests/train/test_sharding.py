@@ -3,6 +3,8 @@ updated parameters, and the check that an owner steps with exactly its own state
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 from pathlib import Path
 
@@ -130,24 +132,41 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
 
     ckpt.write_tensors = watched
     if rank == 0:
-        path = shard.save_checkpoint(run_dir, 1, 1, None, ranks)
+        shard.save_checkpoint(run_dir, 1, 1, None, ranks)
+        shard.save_checkpoint(run_dir, 2, 1, None, ranks, parallel=True)  # each owner writes its part in place
     else:
         shard.send_optimizer_state(0, ranks)
+        shard.send_optimizer_state(0, ranks, parallel=True)
     own = sum(p.untyped_storage().nbytes() for p in shard.trainer.params)
+    if rank == world - 1:  # a full disk as the last owner writes its part of step 3: the writer says so
+        def full_disk(path, entries, names):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        ckpt.write_tensor_parts = full_disk
+    failed = None
+    if rank == 0:
+        try:
+            shard.save_checkpoint(run_dir, 3, 1, None, ranks, parallel=True)
+        except ckpt.CheckpointSaveError as e:
+            failed = str(e)
+    else:
+        shard.send_optimizer_state(0, ranks, parallel=True)
     dist.barrier()
     for p in shard.trainer.params:  # the load must fill every owned byte from the file
         if p.untyped_storage().nbytes():
             p.data.fill_(float("nan"))
     shard.load_checkpoint(str(Path(run_dir) / "checkpoints" / "step_000001"), ranks)
     loaded = sum(p.untyped_storage().nbytes() for p in shard.trainer.params)
-    queue.put((rank, digest, shard.digest(), held, own, loaded, len(shard.trainer.optimizer.state)))
+    queue.put((rank, digest, shard.digest(), held, own, loaded, len(shard.trainer.optimizer.state), failed))
     dist.destroy_process_group()
 
 
 def test_full_shard_checkpoints_stream_from_every_owner_and_load_back_by_run(tmp_path):
-    """`shard: full`: the writer never holds more than its own run of the weights while it writes
-    (each other owner's tensor arrives as it is due), the files have the bytes the whole model's
-    save writes, and a load reads each device's run alone and gives back the same weights."""
+    """`shard: full`: streamed, the writer never holds more than its own run of the weights while
+    it writes (each other owner's tensor arrives as it is due); in place, every owner writes its
+    own tensors into the writer's files. Either way the files have the bytes the whole model's
+    save writes, and a load reads each device's run alone and gives back the same weights. A full
+    disk as one owner writes its part is the writer's one-line error, and the checkpoints before
+    it stay."""
     from poise.train.checkpoint import TrainState, save_checkpoint
 
     world = 3
@@ -167,14 +186,17 @@ def test_full_shard_checkpoints_stream_from_every_owner_and_load_back_by_run(tmp
     results = sorted(queue.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(timeout=60)
-    got = run_dir / "checkpoints" / "step_000001"
-    for name in ("model.safetensors", "optimizer.safetensors"):
-        assert (got / name).read_bytes() == (reference / name).read_bytes(), name
+    for step in (1, 2):  # streamed to the writer, then written in place by every owner
+        got = run_dir / "checkpoints" / f"step_{step:06d}"
+        for name in ("model.safetensors", "optimizer.safetensors"):
+            assert (got / name).read_bytes() == (reference / name).read_bytes(), (step, name)
     writer = results[0]
     assert writer[3] and max(writer[3]) == writer[4] < total, (writer[3], writer[4], total)  # its run, never more
     assert sum(r[4] for r in results) == total and all(0 < r[4] < total for r in results), results
     assert [r[5] for r in results] == [r[4] for r in results]  # each loaded its own run, nothing else
     assert sum(r[6] for r in results) == len(whole.trainer.params)  # and the state of its run
+    assert results[0][7] == f"disk full while saving step 3; step 2 is intact; free space and --resume {run_dir}"
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
     digests = {r[1] for r in results} | {results[0][2]}
     assert len(digests) == 1 and results[1][2] is None, results
 

@@ -299,7 +299,7 @@ class EmulatedTrainShard:
         self.wait_staging()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
-                        ranks: list[int] | None = None) -> str:
+                        ranks: list[int] | None = None, parallel: bool = False) -> str:
         return ""  # an emulated device holds no weights
 
     def load_checkpoint(self, path: str, train_ranks: list[int] | None = None) -> tuple[int, int]:

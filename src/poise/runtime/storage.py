@@ -14,6 +14,9 @@ does not, the bytes go through the driver:
 
 So at most one piece of a checkpoint is in flight at a time (the device's memory holds no second
 copy of the model), and a resume reads the driver's `run.dir` wherever the leader ran before.
+Sharded (`cluster.shard: optimizer | full`), the saving device lays the files out and, when every
+train device sees `run.dir`, each writes its own tensors into them in place, all at once;
+otherwise their tensors stream to the saving device, which writes them.
 
 Whether a node sees `run.dir` (`cluster.storage: auto`) is probed once per node: the driver
 writes a file with a random token into `run.dir`, and a device on that node reads it back.
@@ -124,10 +127,13 @@ class CheckpointStore:
         args = (step, version, extra) if extra else (step, version)
         rt = self.rt
         if rt is not None and getattr(rt, "sharded", False) and device in rt.train_ranks:
-            # cluster.shard: optimizer: every train device streams its part of the optimizer state to `device`
+            # cluster.shard: optimizer | full: every train device writes its part of the files in place
+            # (all of them see run.dir) or streams it to `device`
             ranks = list(rt.train_ranks)
-            args = (step, version, extra, ranks)
-            peers = [(d, rt.workers[d].send_optimizer_state.remote(device, ranks)) for d in ranks if d != device]
+            parallel = self.sees_run_dir(device, worker) and all(self.sees_run_dir(d, rt.workers[d]) for d in ranks)
+            args = (step, version, extra, ranks, parallel)
+            peers = [(d, rt.workers[d].send_optimizer_state.remote(device, ranks, parallel))
+                     for d in ranks if d != device]
         else:
             peers = []
         if self.sees_run_dir(device, worker):

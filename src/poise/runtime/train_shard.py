@@ -369,25 +369,90 @@ class TorchTrainShard:
         self.trainer.release_reference()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
-                        ranks: list[int] | None = None) -> str:
+                        ranks: list[int] | None = None, parallel: bool = False) -> str:
         """Write the weights, optimizer and RNG (the colocated loop's format). Sharded, `ranks`
-        are the train devices: every other one runs `send_optimizer_state` meanwhile, and their
-        state streams into the one optimizer file, tensor by tensor, in parameter order; under
-        `shard: full` the weights stream into the model file from their owners the same way, so
-        no device holds more than its run and one tensor of another's."""
+        are the train devices: every other one runs `send_optimizer_state` meanwhile. `parallel`
+        (every train device sees `run_dir`): this device lays the files out and each owner writes
+        its own tensors into them in place, at once (`_write_parts`); otherwise the owners' state
+        streams into this device's files tensor by tensor, in file order, and under `shard: full`
+        the weights too, so no device holds more than its run and one tensor of another's."""
         self.wait_staging()
+        if parallel and self.sharded and ranks:
+            listing = self._listing(ranks)
+            return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
+                                       extra, owners_write=lambda tmp: self._write_parts(ranks, self.rank, listing,
+                                                                                         tmp)))
         streamed = self.full is not None and self.full.ranks is not None and bool(ranks)
         weights = self._weight_entries(self.rank) if streamed else None
         entries = self._state_entries(ranks, self.rank) if self.sharded and ranks else None
         return str(save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, TrainState(step, version),
                                    extra, entries, weights))
 
-    def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
-        """Sharded: this owner's part of the checkpoint train device `writer` writes (under `shard:
-        full` its weights first, then its optimizer state)."""
+    def send_optimizer_state(self, writer: int, ranks: list[int], parallel: bool = False) -> None:
+        """Sharded: this owner's part of the checkpoint train device `writer` writes: written into
+        its files in place (`parallel`), or sent to it (under `shard: full` its weights first,
+        then its optimizer state)."""
         self.wait_staging()
+        if parallel:
+            self._write_parts(ranks, writer, self._listing(ranks), None)
+            return
         streamed = self.full is not None and self.full.ranks is not None
         self._state_entries(ranks, writer, (lambda: self._weight_entries(writer)) if streamed else None)
+
+    def _write_parts(self, ranks: list[int], writer: int, listing: list, tmp: Path | None) -> set[str]:
+        """Collective over the train group `ranks`: the writer (`tmp`: its checkpoint's temporary
+        directory) creates the optimizer file, and under `shard: full` the model file, with
+        their headers and sizes; every owner then writes its own tensors into them in place.
+        A failure anywhere (a full disk) reaches the writer, which raises it. Returns the files
+        written."""
+        from poise.train.checkpoint import create_tensor_file, write_tensor_parts
+
+        ranks = sorted(ranks)
+        group = self.comm.get(ranks)
+        mine = {name: value for name, _, _, value in optimizer_entries_of(self.trainer.model, self.trainer.optimizer)}
+        files = {"optimizer.safetensors": ([(name, dtype, shape, mine.get(name)) for _, name, dtype, shape, _ in listing],
+                                           set(mine))}
+        if self.full is not None and self.full.ranks is not None:
+            params = self.trainer.params
+            weights = safetensors_order([(n, p.dtype, tuple(p.shape), lambda p=p: p.detach())
+                                         for n, p in zip(self.names, params)])
+            files["model.safetensors"] = (weights, {self.names[i] for i in range(len(params)) if self.full.owns(i)})
+        failure = None
+        try:
+            if self.rank == writer:
+                for name, (entries, _) in files.items():
+                    create_tensor_file(tmp / name, entries)
+        except OSError as e:
+            failure = e
+        where = [str(tmp) if self.rank == writer and failure is None else None]
+        dist.broadcast_object_list(where, src=writer, group=group)
+        if where[0] is not None:
+            try:
+                for name, (entries, owned) in files.items():
+                    write_tensor_parts(Path(where[0]) / name, entries, owned)
+            except OSError as e:
+                failure = e
+        failures = [None] * len(ranks)
+        dist.all_gather_object(failures, None if failure is None else (failure.errno, failure.strerror,
+                                                                       failure.filename), group=group)
+        if self.rank == writer:
+            found = next((f for f in failures if f is not None), None)
+            if found is not None:
+                raise OSError(*found)
+        return set(files)
+
+    def _listing(self, ranks: list[int]) -> list:
+        """Every train device's optimizer state entries, (parameter index, name, dtype, shape,
+        owner), in the optimizer file's order (collective over the train group)."""
+        group = self.comm.get(sorted(ranks))
+        local = optimizer_entries_of(self.trainer.model, self.trainer.optimizer)
+        listed = [None] * len(ranks)
+        dist.all_gather_object(listed, [(name, str(dtype).removeprefix("torch."), shape)
+                                        for name, dtype, shape, _ in local], group=group)
+        order = {n: i for i, n in enumerate(self.names)}
+        return sorted(((order[name.split("::")[0]], name, getattr(torch, dtype), tuple(shape), sorted(ranks)[r])
+                       for r, entries in enumerate(listed) for name, dtype, shape in entries),
+                      key=lambda e: (e[0], e[1]))
 
     def _weight_entries(self, writer: int):
         """`shard: full`: the weights as the writer's model file entries, in safetensors' order (the
@@ -423,15 +488,8 @@ class TorchTrainShard:
         `before_sends()` (what the writer's earlier file needs of them)."""
         ranks = sorted(ranks)
         group = self.comm.get(ranks)
-        local = optimizer_entries_of(self.trainer.model, self.trainer.optimizer)
-        listed = [None] * len(ranks)
-        dist.all_gather_object(listed, [(name, str(dtype).removeprefix("torch."), shape)
-                                        for name, dtype, shape, _ in local], group=group)
-        order = {n: i for i, n in enumerate(self.names)}
-        every = sorted(((order[name.split("::")[0]], name, getattr(torch, dtype), tuple(shape), ranks[r])
-                        for r, entries in enumerate(listed) for name, dtype, shape in entries),
-                       key=lambda e: (e[0], e[1]))
-        mine = {name: value for name, _, _, value in local}
+        every = self._listing(ranks)
+        mine = {name: value for name, _, _, value in optimizer_entries_of(self.trainer.model, self.trainer.optimizer)}
         if self.rank != writer:
             if before_sends is not None:
                 before_sends()

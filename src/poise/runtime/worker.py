@@ -271,14 +271,16 @@ class Device(FileEndpoint):
             engine.model, rollout, sampling, engine.seed, engine.eos_id, engine.version, greedy, sampled))
 
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
-                        ranks: list[int] | None = None) -> str:
+                        ranks: list[int] | None = None, parallel: bool = False) -> str:
         """`extra`: more files for the checkpoint (an async run's next samples); `ranks`
-        (`cluster.shard: optimizer`): the train devices, each running `send_optimizer_state`."""
-        return self.shard.save_checkpoint(run_dir, step, version, extra, ranks)
+        (`cluster.shard: optimizer | full`): the train devices, each running `send_optimizer_state`;
+        `parallel`: each of them writes its own part into the files in place."""
+        return self.shard.save_checkpoint(run_dir, step, version, extra, ranks, parallel)
 
-    def send_optimizer_state(self, writer: int, ranks: list[int]) -> None:
-        """`cluster.shard: optimizer`: this owner's part of the checkpoint device `writer` saves."""
-        self.shard.send_optimizer_state(writer, ranks)
+    def send_optimizer_state(self, writer: int, ranks: list[int], parallel: bool = False) -> None:
+        """`cluster.shard: optimizer | full`: this owner's part of the checkpoint device `writer`
+        saves: sent to it, or (`parallel`) written into its files in place."""
+        self.shard.send_optimizer_state(writer, ranks, parallel)
 
     def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> None:
         """`cluster.shard: optimizer`, live resize: the owners' state moves to the new owners in the

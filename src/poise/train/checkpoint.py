@@ -70,11 +70,13 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
 def save_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     state: TrainState, extra: dict[str, bytes] | None = None,
                     optimizer_entries: list[Entry] | None = None,
-                    weight_entries: list[Entry] | None = None) -> Path:
+                    weight_entries: list[Entry] | None = None,
+                    owners_write: Callable[[Path], set[str]] | None = None) -> Path:
     """`write_checkpoint`, where a full disk (or any OSError) is one line (CheckpointSaveError, exit
     2) and costs nothing: the partial directory is removed, the checkpoints before it stay."""
     try:
-        return write_checkpoint(run_dir, model, optimizer, state, extra, optimizer_entries, weight_entries)
+        return write_checkpoint(run_dir, model, optimizer, state, extra, optimizer_entries, weight_entries,
+                                owners_write)
     except OSError as e:
         raise save_failed(run_dir, state.step, e) from None
     except SafetensorError as e:  # safetensors' writer reports the OS error in its message only
@@ -106,7 +108,8 @@ def save_failed(run_dir: str | Path, step: int, error: OSError) -> CheckpointSav
 def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                      state: TrainState, extra: dict[str, bytes] | None = None,
                      optimizer_entries: list[Entry] | None = None,
-                     weight_entries: list[Entry] | None = None) -> Path:
+                     weight_entries: list[Entry] | None = None,
+                     owners_write: Callable[[Path], set[str]] | None = None) -> Path:
     """Write checkpoint `step_{state.step}` durably (temporary directory, fsync, rename) and point
     `latest` at it. Tensors are written as they are (no device-side copies). `extra`: more files
     the resumed run needs (an async run's next samples, PENDING_SAMPLES), written and verified
@@ -114,20 +117,26 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     arrive from their owners as the file is written); default: `optimizer`'s own.
     `weight_entries`: the weights likewise (`cluster.shard: full`: each arrives from its owner
     when due, in safetensors' own order, so the file has `save_file`'s bytes); default: the
-    model's trained parameters, held here."""
+    model's trained parameters, held here. `owners_write(tmp)`: the owners write files of the
+    temporary directory themselves, each its own tensors in place (sharded, every train device
+    seeing the run directory); it returns the names of the files they wrote."""
     from poise.model.loading import save_hf_config, save_hf_weights
     from poise.train.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
-    if weight_entries is None:
+    written = owners_write(tmp) if owners_write is not None else set()
+    if "model.safetensors" in written:
+        save_hf_config(model, tmp)
+    elif weight_entries is None:
         save_hf_weights(model, tmp, dict(trained_parameters(model)))  # under LoRA: the adapter
     else:
         save_hf_config(model, tmp)
         write_tensors(tmp / "model.safetensors", safetensors_order(weight_entries))
     _test_kill("model", state.step)
-    if optimizer_entries is None:
-        optimizer_entries = optimizer_entries_of(model, optimizer)
-    write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
+    if "optimizer.safetensors" not in written:
+        if optimizer_entries is None:
+            optimizer_entries = optimizer_entries_of(model, optimizer)
+        write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
     _test_kill("optimizer", state.step)
     for name, data in (extra or {}).items():
         (tmp / name).write_bytes(data)
@@ -167,12 +176,9 @@ def safetensors_order(entries: list[Entry]) -> list[Entry]:
     return sorted(entries, key=lambda e: (-_ENUM_ORDER.index(_DTYPES[e[1]]), e[0]))
 
 
-def write_tensors(path: Path, entries: list[Entry]) -> None:
-    """A safetensors file written one tensor at a time, in the order of `entries` (each value is
-    asked for when its bytes are due, so a sharded save holds one tensor of a peer's state, not the
-    whole state). The format (an 8-byte header length, the JSON header padded to 8 bytes, the data)
-    is safetensors' own; `safetensors.safe_open` reads it. The bytes depend only on the entries, so
-    every shard mode and number of train devices writes the same file."""
+def tensor_layout(entries: list[Entry]) -> tuple[bytes, dict[str, tuple[int, int]], int]:
+    """The safetensors file of `entries` (their values unused): its first bytes (the 8-byte header
+    length, the JSON header padded to 8 bytes), each tensor's byte span in the file, its size."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, dtype, shape, _ in entries:
@@ -181,15 +187,50 @@ def write_tensors(path: Path, entries: list[Entry]) -> None:
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
+    start = 8 + len(text)
+    spans = {name: (start + h["data_offsets"][0], start + h["data_offsets"][1])
+             for name, h in header.items() if name != "__metadata__"}
+    return struct.pack("<Q", len(text)) + text, spans, start + offset
+
+
+def write_tensors(path: Path, entries: list[Entry]) -> None:
+    """A safetensors file written one tensor at a time, in the order of `entries` (each value is
+    asked for when its bytes are due, so a sharded save holds one tensor of a peer's state, not the
+    whole state). The format (an 8-byte header length, the JSON header padded to 8 bytes, the data)
+    is safetensors' own; `safetensors.safe_open` reads it. The bytes depend only on the entries, so
+    every shard mode and number of train devices writes the same file."""
+    head, _, _ = tensor_layout(entries)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
+        f.write(head)
         for name, dtype, shape, value in entries:
-            tensor = value().detach().to("cpu").contiguous()
-            if tensor.dtype != dtype or tuple(tensor.shape) != shape:
-                raise RuntimeError(f"optimizer state {name}: got {tensor.dtype} {tuple(tensor.shape)}, announced "
-                                   f"{dtype} {shape}")
-            f.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+            f.write(_tensor_bytes(name, dtype, shape, value))
+
+
+def create_tensor_file(path: Path, entries: list[Entry]) -> None:
+    """`write_tensors`' file with its header and its full size but no tensor data yet: each owner
+    then writes its own tensors into it, in place and in parallel (`write_tensor_parts`)."""
+    head, _, size = tensor_layout(entries)
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+def write_tensor_parts(path: Path, entries: list[Entry], names: set[str]) -> None:
+    """The values of the entries in `names`, each at its place in `create_tensor_file`'s file of
+    `entries` (the same bytes `write_tensors` would put there)."""
+    _, spans, _ = tensor_layout(entries)
+    with open(path, "r+b") as f:
+        for name, dtype, shape, value in entries:
+            if name in names:
+                f.seek(spans[name][0])
+                f.write(_tensor_bytes(name, dtype, shape, value))
+
+
+def _tensor_bytes(name: str, dtype: torch.dtype, shape: tuple[int, ...], value) -> bytes:
+    tensor = value().detach().to("cpu").contiguous()
+    if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+        raise RuntimeError(f"tensor {name}: got {tensor.dtype} {tuple(tensor.shape)}, announced {dtype} {shape}")
+    return tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
 
 
 def begin_checkpoint(run_dir: str | Path, step: int) -> Path:
