@@ -5,7 +5,9 @@ transformers; under `model.lora` it holds the adapter alone, by its peft names, 
 merges it into the base), `optimizer.safetensors` (AdamW moments by parameter name) and `state.json`
 (completed steps = data cursor, weights version, torch RNG, and the sizes of the other three
 files). Nothing time- or path-dependent is written, so two runs with the same seed write
-byte-identical checkpoints.
+byte-identical checkpoints. Sharded, the owners write their own tensors into these files
+(`create_tensor_file`, then `write_tensor_parts` by each) or stream them to the saving device:
+the same bytes in every shard mode and split.
 
 Verified by content: state.json also records each file's sha256 (`"sha256": {name: hexdigest}`,
 by the file's path relative to the checkpoint directory, for every file a save wrote), checked on
