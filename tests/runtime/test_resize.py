@@ -144,12 +144,15 @@ def test_sharded_live_resizes_reshard_the_optimizer_state_and_change_nothing(ray
         assert any(b < model_bytes for e in events for b in e["weights_held_by_device"].values())
 
 
-def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start):
+@pytest.mark.parametrize("shard", ["none", "full"])
+def test_hard_resizes_change_nothing_either(ray_session, runs, warm_start, shard):
     """The baseline (checkpoint, kill every actor, start new ones on the new split, reload) ends
-    where the live resizes and the static split do; every device stopped for it."""
+    where the live resizes and the static split do; every device stopped for it. full: the new
+    actors start with their runs of the initial weights and reload their runs of the checkpoint
+    the old owners wrote."""
     static = runs.get("sync-static", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]")
-    hard = runs.get("sync-hard", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]", SCHEDULE,
-                    "resize.mode=hard")
+    hard = runs.get(f"sync-hard-{shard}", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]", SCHEDULE,
+                    "resize.mode=hard", f"cluster.shard={shard}")
     hard.assert_learned(warm_start)
     assert [r["split"] for r in hard.rows] == EXPECTED_SPLITS
     hard.assert_bitwise_equal(static, "sync: hard-resized vs static 2+2")
