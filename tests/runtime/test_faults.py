@@ -124,18 +124,16 @@ def test_the_last_train_device_dying_stops_with_a_resumable_checkpoint(ray_sessi
                          ids=["optimizer", "full"])
 def test_sharded_state_survives_a_rollout_death_and_stops_in_one_line_at_a_train_death(
         ray_session, tmp_path_factory, warm_start, read_run, shard, what):
-    """A dead train device took its part of the state with it: one line, the last checkpoint.
-    full: a dead rollout device is recovered (every owner streams its weights and state into the
-    recovery checkpoint) and the run ends with the undisturbed run's bytes. (optimizer's recovery
-    checkpoint streams its state by the same code; its resumes are test_resume.py's.)"""
+    """cluster.shard=optimizer: a dead rollout device is recovered (every train device writes its
+    part of the state into the recovery checkpoint) and the run ends with the undisturbed run's
+    bytes; a dead train device took its part of the state with it: one line, the last checkpoint.
+    full: the same, every owner writing its weights too."""
+    straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     root = tmp_path_factory.getbasetemp()
-    if shard == "full":
-        straight = baseline("sync", tmp_path_factory, warm_start, read_run)
-        killed = run_once(f"{shard}-rollout-killed", root, warm_start, read_run, train_disaggregated,
-                          "pipeline.mode=sync", f"cluster.shard={shard}", "cluster.step_timeout_s=60",
-                          hooks={KILL_ENV: "generate:1:0"})
-        assert [e["devices"] for e in _recoveries(killed)] == [[0]]
-        killed.assert_bitwise_equal(straight, f"shard={shard}: a rollout device killed vs undisturbed")
+    killed = run_once(f"{shard}-rollout-killed", root, warm_start, read_run, train_disaggregated, "pipeline.mode=sync",
+                      f"cluster.shard={shard}", "cluster.step_timeout_s=60", hooks={KILL_ENV: "generate:1:0"})
+    assert [e["devices"] for e in _recoveries(killed)] == [[0]]
+    killed.assert_bitwise_equal(straight, f"shard={shard}: a rollout device killed vs undisturbed")
     run_dir = root / f"{shard}-train-killed"
     cfg = config(run_dir, warm_start, "pipeline.mode=sync", f"cluster.shard={shard}", "cluster.step_timeout_s=60")
     with env(**{KILL_ENV: "train:1:3"}), pytest.raises(RunFailure) as failure:

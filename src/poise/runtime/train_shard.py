@@ -410,8 +410,8 @@ class TorchTrainShard:
         ranks = sorted(ranks)
         group = self.comm.get(ranks)
         mine = {name: value for name, _, _, value in optimizer_entries_of(self.trainer.model, self.trainer.optimizer)}
-        files = {"optimizer.safetensors": ([(name, dtype, shape, mine.get(name)) for _, name, dtype, shape, _ in listing],
-                                           set(mine))}
+        state = [(name, dtype, shape, mine.get(name)) for _, name, dtype, shape, _ in listing]
+        files = {"optimizer.safetensors": (state, set(mine))}
         if self.full is not None and self.full.ranks is not None:
             params = self.trainer.params
             weights = safetensors_order([(n, p.dtype, tuple(p.shape), lambda p=p: p.detach())
@@ -468,17 +468,19 @@ class TorchTrainShard:
                     dist.send(self.trainer.params[i].data, dst=writer, group=group)
             return None
 
-        def arriving(p: torch.Tensor, owner: int):
-            def value():
-                out = torch.empty(p.shape, dtype=p.dtype, device=self.device)
-                dist.recv(out, src=owner, group=group)
-                return out
-            return value
-
         params = self.trainer.params
         return [(self.names[i], params[i].dtype, tuple(params[i].shape),
-                 (lambda p=params[i]: p.detach()) if full.owns(i) else arriving(params[i], full.owner[i]))
+                 (lambda p=params[i]: p.detach()) if full.owns(i)
+                 else self._arriving(params[i].dtype, tuple(params[i].shape), full.owner[i], group))
                 for i in order]
+
+    def _arriving(self, dtype: torch.dtype, shape: tuple[int, ...], owner: int, group):
+        """A file entry's value on the writer: the tensor received from its owner when it is due."""
+        def value():
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+            dist.recv(out, src=owner, group=group)
+            return out
+        return value
 
     def _state_entries(self, ranks: list[int], writer: int, before_sends=None):
         """Every train device's optimizer state as the writer's file entries (train/checkpoint.py
@@ -498,14 +500,8 @@ class TorchTrainShard:
                     dist.send(mine[name]().to(self.device).contiguous(), dst=writer, group=group)
             return None
 
-        def arriving(dtype, shape, owner):
-            def value():
-                out = torch.empty(shape, dtype=dtype, device=self.device)
-                dist.recv(out, src=owner, group=group)
-                return out
-            return value
-
-        return [(name, dtype, shape, mine[name] if owner == self.rank else arriving(dtype, shape, owner))
+        return [(name, dtype, shape,
+                 mine[name] if owner == self.rank else self._arriving(dtype, shape, owner, group))
                 for _, name, dtype, shape, owner in every]
 
     def load_checkpoint(self, path: str, train_ranks: list[int] | None = None) -> tuple[int, int]:
