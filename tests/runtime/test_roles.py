@@ -77,15 +77,27 @@ def test_an_engine_error_reaches_the_caller_instead_of_a_hang():
     loop.close()
 
 
+def _wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.001)
+
+
 def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
-    """A live resize takes a rollout device while >= 3 sequences run on it: its finished samples,
-    partials and unstarted requests continue on another loop; every id ends once, at full length,
-    and a partial keeps the tokens it had (they are not generated again)."""
+    """A live resize takes a rollout device while >= 3 sequences run on it: the abort takes effect
+    within one engine step (the loop lets a waiting caller in between two steps, however fast the
+    steps come), and its finished samples, partials and unstarted requests continue on another
+    loop; every id ends once, at full length, and a partial keeps the tokens it had."""
     lengths = {(0, i, j): 40 + 13 * i + 5 * j for i in range(4) for j in range(4)}
     first = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 8, time_scale=1.0))
     first.submit([Request(sid, (1, 2, 3)) for sid in lengths], cap=6)
-    time.sleep(0.05)  # mid-generation
+    # mid-generation by engine progress, not by a wall-clock sleep: one step done, >= 3 running
+    _wait_for(lambda: first.steps >= 1 and first.engine.num_running >= 3)
+    before = first.steps
     finished, partials, pending = first.abort()
+    assert first.steps - before <= 1, f"abort waited {first.steps - before} engine steps"
     assert first.take(0.0)[1] == 0  # nothing left in flight on the device that left
     first.close()
     assert len(partials) >= 3 and any(p.token_ids for p in partials), (len(partials), len(pending))
@@ -101,6 +113,25 @@ def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
     for s in finished + got:
         assert len(s.token_ids) == lengths[s.sample_id]
     assert all(0 <= n < lengths[sid] for sid, n in had.items())
+
+
+def test_a_waiting_caller_gets_the_engine_between_two_fast_steps():
+    """The loop re-takes the engine lock at once after a step; a caller waiting for the engine
+    (abort, a weight load, a checkpoint) must still get it before the next step, not after the
+    generation ends (a plain lock lets the loop's thread win again and again on a fast CPU)."""
+    lengths = {(0, 0, j): 1 + j for j in range(20000)}  # one finish a step, no sleep: many short steps
+    loop = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 4, time_scale=0.0))
+    loop.submit([Request(sid, (1,)) for sid in lengths], cap=4)
+    _wait_for(lambda: loop.steps >= 1)
+    waits = []
+    for _ in range(20):
+        before = loop.steps
+        loop.with_engine(lambda engine: None)
+        waits.append(loop.steps - before)
+    finished, partials, pending = loop.abort()
+    loop.close()
+    assert pending and partials, "the generation ended before the checks: make the steps more"
+    assert max(waits) <= 1, waits
 
 
 def test_linger_carries_samples_that_finish_close_together_in_one_reply():

@@ -16,6 +16,7 @@ Torch-free: an emulated actor imports this module and never torch.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -144,6 +145,10 @@ class EngineLoop:
         self.engine, self.clock = engine, clock
         self._cv = threading.Condition()
         self._engine_lock = threading.Lock()  # engine.step vs load_weights
+        # callers waiting for the engine between two steps: the loop lets them in before its next
+        # step (a plain lock is not fair: the loop's thread would take it back at once, again and
+        # again on a fast CPU, and an abort would wait for the whole generation)
+        self._waiting = 0
         self._pending: deque[Request] = deque()
         self._outbox: list[Sample] = []
         self._outbox_since = 0.0  # when the oldest sample in the outbox arrived
@@ -189,7 +194,7 @@ class EngineLoop:
         """Stop generating (a live resize takes this device): returns the finished samples not yet
         taken, the partial samples of every running or engine-queued sequence, and the requests
         that never reached the engine. Nothing is left in flight here."""
-        with self._engine_lock, self._cv:  # between two engine steps
+        with self._between_steps(), self._cv:
             self._raise_error()
             partials = self.engine.abort()
             pending = self._admitting + list(self._pending)  # taken by the loop but not yet submitted, first
@@ -205,7 +210,7 @@ class EngineLoop:
 
     def resume(self, partials: Sequence[Sample], requests: Sequence[Request], cap: int) -> None:
         """Take over another device's partial samples (continued first) and unstarted requests."""
-        with self._engine_lock, self._cv:
+        with self._between_steps(), self._cv:
             self._raise_error()
             self.engine.resume(partials)
             self._cap = max(1, cap)
@@ -219,13 +224,27 @@ class EngineLoop:
         with self._cv:
             self._cv.wait_for(lambda: self._in_flight == 0 or self._error is not None)
             self._raise_error()
-        with self._engine_lock:
+        with self._between_steps():
             pass
 
     def with_engine(self, fn):
         """Run `fn(engine)` with the loop paused between steps (weights, versions, checkpoints)."""
-        with self._engine_lock:
+        with self._between_steps():
             return fn(self.engine)
+
+    @contextlib.contextmanager
+    def _between_steps(self):
+        """Hold the engine between two steps, at most one step from now: the loop starts no step
+        while a caller waits here."""
+        with self._cv:
+            self._waiting += 1
+        try:
+            with self._engine_lock:
+                yield
+        finally:
+            with self._cv:
+                self._waiting -= 1
+                self._cv.notify_all()
 
     def close(self) -> None:
         with self._cv:
@@ -240,7 +259,7 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stop or self._pending or not self.engine.idle)
+                self._cv.wait_for(lambda: self._stop or (not self._waiting and (self._pending or not self.engine.idle)))
                 if self._stop:
                     return
                 room = self._cap - self.engine.num_running - self.engine.num_queued
