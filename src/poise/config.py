@@ -540,6 +540,42 @@ class RewardConfig:
         return self.functions or (RewardFunctionConfig(),)
 
 
+ENV_BUILTINS = {"guess": "poise.episodes.guess:GuessEnv", "tools": "poise.episodes.tools:ToolEnvironment"}
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Multi-turn episodes (poise.episodes, docs/episodes.md): an environment answers each model turn."""
+
+    name: str | None = help_field(None, "the environment: a built-in (guess, tools) or module:Class / "
+                                        "path/to/file.py:Class; null = single-turn (one answer per prompt)")
+    args: Mapping[str, Any] | None = help_field(None, "keyword arguments of the environment's constructor, e.g. "
+                                                      "{tools: [calculator]}; null = none")
+    max_turns: int = help_field(4, "model turns per episode at most (the environment may end it sooner)")
+    max_tokens: int = help_field(0, "tokens of an episode after its prompt at most, model and observation "
+                                    "tokens together; 0 = the engine's context less the prompt")
+    max_observation_chars: int = help_field(2000, "characters one observation may have; a longer one fails "
+                                                  "that environment call (env_failures) and ends the episode")
+
+    def __post_init__(self) -> None:
+        check(self.name is None or (isinstance(self.name, str) and self.name.strip() != ""), "name", self.name,
+              "give a built-in (guess, tools), module:Class or path/to/file.py:Class, or null")
+        check(self.name is None or self.name in ENV_BUILTINS or ":" in self.name, "name", self.name,
+              "give a built-in (guess, tools), module:Class or path/to/file.py:Class")
+        check(self.args is None or isinstance(self.args, Mapping), "args", self.args,
+              "must be a mapping of constructor keyword arguments")
+        check(isinstance(self.max_turns, int) and self.max_turns >= 1, "max_turns", self.max_turns,
+              "must be an integer >= 1, e.g. 4")
+        check(self.max_tokens >= 0, "max_tokens", self.max_tokens, "must be >= 0 (0 = the context less the prompt)")
+        check(self.max_observation_chars >= 1, "max_observation_chars", self.max_observation_chars,
+              "must be >= 1, e.g. 2000")
+
+    @property
+    def path(self) -> str | None:
+        """The environment's import path (a built-in's resolved)."""
+        return ENV_BUILTINS.get(self.name, self.name) if self.name is not None else None
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation between steps (poise.evaluation): it never changes a training bit."""
@@ -591,6 +627,8 @@ class TrainConfig:
     determinism: Literal["bitwise", "semantic"] = help_field(
         "bitwise", "bitwise: results identical bit for bit across splits and restarts; semantic: faster")
     eval: EvalConfig = help_factory(EvalConfig, "held-out evaluation every N steps and at the end (off by default)")
+    env: EnvConfig = help_factory(EnvConfig, "multi-turn episodes: the environment that answers each model turn "
+                                  "(off by default)")
 
     def __post_init__(self) -> None:
         self._check_backend()
@@ -617,6 +655,7 @@ class TrainConfig:
         check(not self.algorithm.dynamic_sampling or self.cluster.compute == "real", "algorithm.dynamic_sampling",
               True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
         self._check_eval()
+        self._check_env()
         lora = self.model.lora
         check(lora is None or lora.dropout == 0 or self.determinism == "semantic", "model.lora.dropout",
               lora and lora.dropout, "draws from torch's global generator, not from the sample id: bitwise needs 0 "
@@ -627,6 +666,20 @@ class TrainConfig:
             check(s.max_new_tokens < need, "algorithm.sampling.max_new_tokens", s.max_new_tokens,
                   f"must leave room for the prompt within model.tiny.max_positions ({need})")
 
+
+    def _check_env(self) -> None:
+        """What episodes (env.name) do not run with yet: each refused in one line, before any work."""
+        if self.env.name is None:
+            return
+        for on, key, value, why in (
+                (self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, "set it false"),
+                (self.cluster.compute == "emulated", "cluster.compute", "emulated", "use cluster.compute=real"),
+                (self.rollout.backend != "poise", "rollout.backend", self.rollout.backend,
+                 "use rollout.backend=poise"),
+                (self.eval.every > 0, "eval.every", self.eval.every, "set eval.every=0 (held-out evaluation "
+                 "generates single answers)"),
+                (self.pipeline.assist, "pipeline.assist", True, "set it false")):
+            check(not on, key, value, f"is not built with multi-turn episodes (env.name={self.env.name}) yet; {why}")
 
     def _check_full_shard(self) -> None:
         """What `cluster.shard: full` does not shard yet: the models beside the policy."""

@@ -14,6 +14,7 @@ from poise.data.tasks import DatasetSource, Problem, TaskSource
 from poise.data.tokenizer import SEPARATOR, HFTokenizer, Tokenizer, load_tokenizer
 from poise.errors import DataError, PoiseError
 from poise.rewards.scorer import PendingRewards, RewardInput, RewardScorer
+from poise.types import final_turn
 
 
 def make_tokenizer(data: DataConfig, model: ModelConfig) -> Tokenizer:
@@ -99,13 +100,14 @@ class TaskSteps:
     def submit_scores(self, problems: list[Problem], samples) -> PendingRewards:
         """Queue `samples` (of the step whose prompts are `problems`) in the reward sandbox; returns
         at once. Each function sees the prompt, the decoded response (without EOS) and the row's
-        columns: `answer`, `reward_kind` and a dataset row's other columns."""
+        columns: `answer`, `reward_kind` and a dataset row's other columns. An episode's response is its
+        last model turn."""
         eos = self.tokenizer.eos_id
         inputs = []
         for s in samples:
             p = problems[s.sample_id[1]]
             inputs.append(RewardInput(tuple(s.sample_id), p.prompt,
-                                      self.tokenizer.decode([t for t in s.token_ids if t != eos]),
+                                      self.tokenizer.decode([t for t in final_turn(s) if t != eos]),
                                       {**p.columns, "answer": p.answer, "reward_kind": p.reward_name}))
         return self.rewards.submit(inputs)
 

@@ -6,6 +6,8 @@ Three families (answer lengths in characters of the reference answer):
 - `span`:  "span 3 9"   -> "3 4 5 6 7 8 9"            heavy-tailed (Pareto span size), up to ~50
 - `sort`:  "sort 5 2 9 1" -> "1 2 5 9"                heavy-tailed (Pareto list size), up to ~31
 - `count`: "count 3:9="  -> "3 4 5 6 7 8 9"            uniform span of 2-12 numbers (the peer benchmark's task)
+- `guess`: "guess 1-7"  -> "5"                        multi-turn (env.name: guess): the model guesses, the
+                                                      environment says higher or lower; the last guess is scored
 
 Rewards are exact and in [0, 1]: `arith` is exact match; `span` and `sort` score the fraction of
 positions that hold the right item, divided by the longer of the two lists, so only the exact
@@ -26,7 +28,8 @@ from typing import Callable
 from poise.errors import ConfigError
 from poise.rewards.builtin import SCALAR, exact_score, items_score
 
-FAMILIES = ("arith", "span", "sort", "count")
+FAMILIES = ("arith", "span", "sort", "count", "guess")
+GUESS_RANGE = (1, 7)  # `guess`: the hidden number's range; binary search finds any in 3 turns
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ def make_problem(family: str, rng: random.Random, uid: str) -> Problem:
         items = [rng.randint(0, 9) for _ in range(size)]
         prompt = "sort " + " ".join(map(str, items))
         return Problem(uid, family, prompt, " ".join(map(str, sorted(items))), "items")
+    if family == "guess":  # a multi-turn task (env.name: guess): the answer is hidden from the prompt
+        low, high = GUESS_RANGE
+        return Problem(uid, family, f"guess {low}-{high}", str(rng.randint(low, high)), "exact")
     if family == "count":
         start = rng.randint(0, 40)
         end = start + rng.randint(1, 11)

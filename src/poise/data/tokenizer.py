@@ -88,6 +88,25 @@ class HFTokenizer:
         return list(self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
                                                   return_dict=False))
 
+    def chat_observation_ids(self, observation: str) -> list[int]:
+        """An environment's observation as the chat template renders a user message after the model's
+        turn, through the next assistant generation prompt, less the EOS the model's turn ended with
+        (it is the model's own token): the template's text after an assistant message, rendered once
+        with and once without the observation (the approach of verl's and SkyRL's agent loops)."""
+        head = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "!"}]
+        before = self._tok.apply_chat_template(head, tokenize=False)
+        after = self._tok.apply_chat_template(head + [{"role": "user", "content": observation}], tokenize=False,
+                                              add_generation_prompt=True)
+        turn_end = before.rindex("!") + 1
+        eos = self._tok.eos_token or ""
+        if before.startswith(eos, turn_end):
+            turn_end += len(eos)
+        if not after.startswith(before[:turn_end]):
+            raise PoiseError(f"tokenizer '{self.name}': its chat template renders the conversation before an "
+                             "observation differently once the observation follows; episodes need a template "
+                             "that appends messages (set data.chat_template=false)")
+        return list(self._tok.encode(after[turn_end:], add_special_tokens=False))
+
 
 def load_tokenizer(spec: str, model_dir: str | Path | None = None) -> Tokenizer:
     """`char` for the built-in tokenizer, `model` for the one saved beside the model, or a directory."""

@@ -17,6 +17,7 @@ itself when its workers start (poise.rewards.sandbox), before any sample is scor
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.machinery
 import os
 import sys
@@ -43,6 +44,9 @@ class FunctionSpec:
     origin: str | None  # the file to load the top-level module from (None: import `module` by name)
     package_dir: str | None  # the top-level package's directory (origin is its __init__.py)
     reads: tuple[str, ...]  # paths the sandbox must let the worker read
+    # an environment class (poise.episodes), not a reward function: {"args": constructor kwargs,
+    # "max_observation_chars": n}; the worker replays an episode's actions on it (worker._env_answer)
+    env: dict | None = None
 
 
 def resolve_functions(cfg: RewardConfig, cwd: str | None = None) -> tuple[FunctionSpec, ...]:
@@ -51,8 +55,16 @@ def resolve_functions(cfg: RewardConfig, cwd: str | None = None) -> tuple[Functi
     return tuple(_resolve(i, f.fn, f.label, f.weight, cwd) for i, f in enumerate(cfg.resolved))
 
 
-def _resolve(i: int, fn: str, name: str, weight: float, cwd: str) -> FunctionSpec:
-    key = f"reward.functions[{i}].fn"
+def resolve_environment(path: str, args: dict, max_observation_chars: int, cwd: str | None = None) -> FunctionSpec:
+    """An environment class (env.name, resolved) as a FunctionSpec the sandbox loads like a reward
+    function; its calls are episode turns (worker._env_answer). A missing file or module raises
+    ConfigError naming env.name."""
+    spec = _resolve(0, path, "env", 0.0, cwd or os.getcwd(), key="env.name")
+    return dataclasses.replace(spec, env={"args": dict(args), "max_observation_chars": max_observation_chars})
+
+
+def _resolve(i: int, fn: str, name: str, weight: float, cwd: str, key: str | None = None) -> FunctionSpec:
+    key = key or f"reward.functions[{i}].fn"
     if fn in BUILTINS:
         return FunctionSpec(key, fn, name, weight, "poise.rewards.builtin", fn, None, None, ())
     where, _, attr = fn.rpartition(":")
@@ -85,4 +97,4 @@ def _resolve(i: int, fn: str, name: str, weight: float, cwd: str) -> FunctionSpe
     return FunctionSpec(key, fn, name, weight, where, attr, spec.origin, None, (spec.origin,))
 
 
-__all__ = ["FunctionSpec", "resolve_functions", "FORMS"]
+__all__ = ["FunctionSpec", "resolve_functions", "resolve_environment", "FORMS"]

@@ -71,8 +71,9 @@ class Call(NamedTuple):
 
 
 class Outcome(NamedTuple):
-    value: float | None  # None when the call failed
+    value: float | None  # None when the call failed; an environment call's: the turn's reward
     error: str | None = None  # why: "timed out after 10 s", "ZeroDivisionError: ...", "returned NaN"
+    env: tuple[str, bool, dict] | None = None  # an environment call's (observation, done, info)
 
 
 class Batch:
@@ -102,15 +103,22 @@ class Batch:
         return list(self._outcomes)  # type: ignore[arg-type]
 
 
-def _checked(message: Any, call_id: int) -> Outcome | None:
-    """A worker's answer to call `call_id`, checked on the driver's side; None when it is not one
-    (a line for another call, malformed): the worker is broken and gets replaced."""
+def _checked(message: Any, call_id: int, env: bool = False) -> Outcome | None:
+    """A worker's answer to call `call_id` (an environment's turn where `env`), checked on the
+    driver's side; None when it is not one (a line for another call, malformed): the worker is
+    broken and gets replaced."""
     if not isinstance(message, list) or len(message) != 3 or type(message[0]) is not int or message[0] != call_id \
             or message[1] not in ("ok", "err"):
         return None
     _, kind, payload = message
     if kind == "err":
         return Outcome(None, str(payload)[:300])
+    if env:
+        if not (isinstance(payload, list) and len(payload) == 4 and isinstance(payload[0], str)
+                and type(payload[1]) in (int, float) and math.isfinite(payload[1]) and type(payload[2]) is bool
+                and isinstance(payload[3], dict)):
+            return None
+        return Outcome(float(payload[1]), None, (payload[0], payload[2], payload[3]))
     if isinstance(payload, bool) or not isinstance(payload, (int, float)):
         return Outcome(None, f"returned {payload!r:.40}, not a number")
     if not math.isfinite(payload):
@@ -380,7 +388,7 @@ class SandboxPool:
                 self.restarts += 1
                 batch._set(offset + i, Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
                 return i + 1
-            outcome = _checked(message, call_id)
+            outcome = _checked(message, call_id, self.specs[calls[i].fn_index].env is not None)
             if outcome is None:  # any unexpected byte: this worker is done
                 w.kill()
                 self.restarts += 1

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from poise.config import RewardConfig
-from poise.rewards.functions import resolve_functions
+from poise.config import EnvConfig, RewardConfig
+from poise.rewards.functions import resolve_environment, resolve_functions
 from poise.rewards.sandbox import CHUNK, Batch, Call, SandboxLimits, SandboxPool
 
 
@@ -64,11 +64,25 @@ class PendingRewards:
 
 
 class RewardScorer:
-    def __init__(self, cfg: RewardConfig):
+    """The reward functions, and an episode environment where `env` names one (poise.episodes): both
+    run in the one sandbox pool, under reward.timeout_s, memory_mb, cpu_s and isolation."""
+
+    def __init__(self, cfg: RewardConfig, env: EnvConfig | None = None):
         self.cfg = cfg
         self.specs = resolve_functions(cfg)
-        self.pool = SandboxPool(self.specs, SandboxLimits(cfg.timeout_s, cfg.memory_mb, cfg.cpu_s, cfg.workers,
+        pool_specs = self.specs
+        self.env_index = -1
+        if env is not None and env.path is not None:
+            self.env_index = len(self.specs)
+            pool_specs += (resolve_environment(env.path, dict(env.args or {}), env.max_observation_chars),)
+        self.pool = SandboxPool(pool_specs, SandboxLimits(cfg.timeout_s, cfg.memory_mb, cfg.cpu_s, cfg.workers,
                                                           CHUNK if cfg.isolation == "batch" else 1))
+
+    def submit_env(self, calls: Sequence[Call]) -> Batch:
+        """Queue environment calls (poise.episodes.runner); returns at once."""
+        if self.env_index < 0:
+            raise RuntimeError("submit_env: this scorer was built without an environment (env.name)")
+        return self.pool.submit(calls)
 
     @property
     def names(self) -> list[str]:
@@ -108,9 +122,10 @@ class RewardScorer:
         self.close()
 
 
-def check_rewards(cfg: RewardConfig) -> None:
-    """Every function resolves and loads in the sandbox (a ConfigError otherwise); ~0.2 s."""
-    RewardScorer(cfg).close()
+def check_rewards(cfg: RewardConfig, env: EnvConfig | None = None) -> None:
+    """Every function (and the environment class) resolves and loads in the sandbox (a ConfigError
+    otherwise); ~0.2 s."""
+    RewardScorer(cfg, env).close()
 
 
 def reward_metrics(results: Iterable[RewardResult]) -> dict[str, float | int]:

@@ -117,7 +117,59 @@ def _value(out: Any) -> Any:
     return float(value)
 
 
-MAX_ANSWER = 4096  # bytes of one answer line from a call process; a longer one is tampering
+def _env_answer(cls: Callable[..., Any], env: dict, history: str, row: dict) -> list:
+    """One environment call: build the environment, reset it with the row and the episode's seed,
+    replay the episode's earlier actions and step the last one; returns [observation, reward, done,
+    info] of that step (of `reset` when there is no action yet). Replaying keeps no state between
+    calls, so an episode continues the same on any worker, after a restart or a worker's death: an
+    environment is a function of (row, seed, actions), as DESIGN.md asks."""
+    spec = json.loads(history)
+    seed, actions = spec["seed"], spec["actions"]
+    instance = cls(**env["args"])
+    first = instance.reset(row, seed)
+    if not actions:
+        answer = [_observation(first, env), 0.0, False, {}]
+    else:
+        for action in actions[:-1]:
+            instance.step(action)
+        answer = _step_answer(instance.step(actions[-1]), env)
+    if len(json.dumps(answer)) > ENV_ANSWER:
+        raise ValueError(f"returned {len(json.dumps(answer))} bytes (observation and info); the limit is {ENV_ANSWER}")
+    return answer
+
+
+def _observation(observation: Any, env: dict) -> str:
+    if not isinstance(observation, str):
+        raise TypeError(f"returned an observation of type {type(observation).__name__}, not str")
+    if len(observation) > env["max_observation_chars"]:
+        raise ValueError(f"returned an observation of {len(observation)} characters; the limit is "
+                         f"{env['max_observation_chars']} (env.max_observation_chars)")
+    return observation
+
+
+def _step_answer(result: Any, env: dict) -> list:
+    """`step`'s return (a (observation, reward, done, info) tuple or a StepResult), checked."""
+    if hasattr(result, "observation") and hasattr(result, "done"):
+        result = (result.observation, getattr(result, "reward", 0.0), result.done, getattr(result, "info", {}))
+    if not isinstance(result, tuple) or len(result) != 4:
+        raise TypeError(f"step returned {type(result).__name__}, not (observation, reward, done, info)")
+    observation, reward, done, info = result
+    if hasattr(reward, "item") and not isinstance(reward, (int, float)):
+        reward = reward.item()
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward) \
+            or abs(reward) > 1e6:
+        raise ValueError(f"returned reward {reward!r:.40}; it must be a finite number within +-1e6")
+    if not isinstance(done, bool):
+        raise TypeError(f"returned done={done!r:.40}; it must be a bool")
+    if not isinstance(info, dict):
+        raise TypeError(f"returned info of type {type(info).__name__}, not dict")
+    info = {str(k): v for k, v in info.items() if isinstance(v, (bool, int, float, str)) and not
+            (isinstance(v, float) and not math.isfinite(v))}
+    return [_observation(observation, env), float(reward), done, info]
+
+
+MAX_ANSWER = 16384  # bytes of one answer line from a call process; a longer one is tampering
+ENV_ANSWER = 12288  # bytes an environment's answer may take; a larger one fails its call (an honest error)
 _SIGNAL_REASONS = {signal.SIGXCPU: "exceeded reward.cpu_s ({cpu_s:g} CPU seconds)",
                    signal.SIGXFSZ: "wrote a file larger than reward.memory_mb"}
 
@@ -235,8 +287,12 @@ class _Server:
                     fn = _load(self.init["functions"][fn_index])
                     functions[fn_index] = (fn, _accepted(fn))
                 fn, accepted = functions[fn_index]
-                kwargs = {k: [v] for k, v in columns.items() if accepted is None or k in accepted}
-                message = [call_id, "ok", _value(fn([prompt], [completion], **kwargs))]
+                env = self.init["functions"][fn_index].get("env")
+                if env is not None:  # an environment's turn (poise.episodes): replayed, see _env_answer
+                    message = [call_id, "ok", _env_answer(fn, env, completion, columns)]
+                else:
+                    kwargs = {k: [v] for k, v in columns.items() if accepted is None or k in accepted}
+                    message = [call_id, "ok", _value(fn([prompt], [completion], **kwargs))]
             except BaseException as e:  # noqa: BLE001
                 message = [call_id, "err", f"{type(e).__name__}: {e}"[:300]]
             finally:
@@ -371,11 +427,21 @@ def _parse(line: bytes, call_id: int | None) -> list | None:
     if len(message) != 3 or type(message[0]) is not int or message[0] != call_id:
         return None
     kind, payload = message[1], message[2]
+    if kind == "ok" and _env_shaped(payload):
+        return [call_id, "ok", payload]
     if kind == "ok" and type(payload) in (int, float):
         return [call_id, "ok", float(payload)] if math.isfinite(payload) else [call_id, "err", f"returned {payload}"]
     if kind == "err" and isinstance(payload, str):
         return [call_id, "err", payload[:300]]
     return None
+
+
+def _env_shaped(payload: Any) -> bool:
+    """An environment's answer: [observation, finite reward, done, info] (checked by type, not trusted
+    further: the pool checks it against the call's kind)."""
+    return isinstance(payload, list) and len(payload) == 4 and isinstance(payload[0], str) \
+        and type(payload[1]) in (int, float) and math.isfinite(payload[1]) and type(payload[2]) is bool \
+        and isinstance(payload[3], dict)
 
 
 def main() -> None:

@@ -68,8 +68,8 @@ from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
 from poise.rollout.runner import DecoderRunner, StepInputs
 from poise.rollout.transfer import to_device
-from poise.rollout.sampling import (NoiseTable, SamplingConfig, key_prefix, position_keys, sample_with_keys,
-                                    sample_with_noise)
+from poise.rollout.sampling import (NoiseTable, SamplingConfig, position_keys, sample_with_keys, sample_with_noise,
+                                    turn_key_prefix)
 from poise.types import FinishReason, Request, Sample, SampleId
 
 
@@ -113,6 +113,7 @@ class _Sequence:
     cached: int = 0  # tokens of this sequence in its slot's cache
     text_len: int = 0  # length of decoded response text (stop strings)
     key_prefix: int = 0  # sampling.key_prefix(seed, sample_id): the sample's keys less the position
+    turn: int = 0  # an episode's turn (Request.turn)
 
 
 class Engine:
@@ -211,10 +212,11 @@ class Engine:
 
     def submit(self, request: Request) -> None:
         """Queue a request; raises RequestError (naming it) if it cannot be served."""
-        self._queue.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens))
+        self._queue.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens,
+                                             turn=request.turn))
 
     def _admit_check(self, sample_id: SampleId, prompt: list[int], max_new: int | None,
-                     tokens: list[int] | None = None) -> _Sequence:
+                     tokens: list[int] | None = None, turn: int = 0) -> _Sequence:
         if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
             raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
         if sample_id in self._known:
@@ -240,7 +242,10 @@ class Engine:
             raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
                                           f"room left (context {self.context}, budget {budget}); resume it on an "
                                           "engine with the same max_context")
-        seq = _Sequence(sample_id, prompt, budget, self.clock(), key_prefix=key_prefix(self.seed, sample_id))
+        if not isinstance(turn, int) or turn < 0:
+            raise RequestError(sample_id, f"turn={turn!r}; it must be an integer >= 0")
+        seq = _Sequence(sample_id, prompt, budget, self.clock(), key_prefix=turn_key_prefix(self.seed, sample_id, turn),
+                        turn=turn)
         if tokens:
             seq.tokens = list(tokens)
         self._known.add(sample_id)
@@ -429,7 +434,7 @@ class Engine:
         if seq.forced:  # aborted mid-replay: hand on what the partial had, with its logprobs
             tokens, logprobs = seq.tokens + seq.forced, seq.logprobs + seq.forced_logprobs
         return Sample(seq.sample_id, tuple(seq.prompt), tuple(tokens), tuple(logprobs), reason, self.version,
-                      seq.submit_time, now, seq.max_new)
+                      seq.submit_time, now, seq.max_new, turn=seq.turn)
 
     # ---- streaming and batch entry points -------------------------------------------------
 
@@ -451,7 +456,8 @@ class Engine:
         seqs = []
         try:
             for request in requests:
-                seqs.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens))
+                seqs.append(self._admit_check(request.sample_id, list(request.prompt_ids), request.max_new_tokens,
+                                              turn=request.turn))
         except RequestError:
             for seq in seqs:
                 self._known.discard(seq.sample_id)
@@ -494,7 +500,7 @@ class Engine:
     def _resume_check(self, partial: Sample) -> _Sequence:
         check_resumable(partial, self.version)
         seq = self._admit_check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
-                                list(partial.token_ids))
+                                list(partial.token_ids), turn=partial.turn)
         seq.logprobs = list(partial.logprobs)
         seq.submit_time = partial.submit_time
         return seq

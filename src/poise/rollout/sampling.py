@@ -72,6 +72,13 @@ def key_prefix(seed: int, sample_id: tuple[int, int, int]) -> int:
     return _signed(h)
 
 
+def turn_key_prefix(seed: int, sample_id: tuple[int, int, int], turn: int) -> int:
+    """`key_prefix` of an episode's turn: turn 0 keeps the sample's own keys (a single answer is an
+    episode of one turn), turn t > 0 those of (sample id, t), so every turn draws fresh noise whatever
+    device or batch runs it (positions restart at each turn's first token)."""
+    return key_prefix(seed, sample_id) if turn == 0 else key_prefix(seed, (*sample_id, turn))
+
+
 def position_keys(prefixes: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[B] keys from [B] `key_prefix` values and [B] positions (int64)."""
     return _mix((positions.to(torch.int64) + _GOLDEN).bitwise_xor_(prefixes))

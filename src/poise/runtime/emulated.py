@@ -61,7 +61,7 @@ from poise.runtime.roles import BackgroundTask
 from poise.rewards.scorer import PendingRewards, RewardResult
 from poise.sim.scenario import ScenarioConfig, load_scenario
 from poise.sim.workload import _seed, make_workload
-from poise.types import Request, Sample, SampleId
+from poise.types import Request, Sample, SampleId, trained_tokens
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class EmulatedEngine:
         if self.idle:
             self._deadline = None
         return [Sample(tuple(s.request.sample_id), s.request.prompt_ids, _zeros(s.length), (), "length",
-                       self.version, s.submit_time, now, s.length) for s in finished]
+                       self.version, s.submit_time, now, s.length, turn=s.request.turn) for s in finished]
 
     def abort(self) -> list[Sample]:
         """Stop every queued and running sequence (between two decode segments: the engine loop
@@ -188,7 +188,7 @@ class EmulatedEngine:
         self._queue.clear()
         self._deadline = None
         return sorted((Sample(tuple(seq.request.sample_id), tuple(seq.request.prompt_ids), _zeros(seq.done + n), (),
-                              "abort", self.version, seq.submit_time, now, seq.length)
+                              "abort", self.version, seq.submit_time, now, seq.length, turn=seq.request.turn)
                        for seq, n in seqs), key=lambda s: s.sample_id)
 
     def resume(self, partials: Sequence[Sample]) -> None:
@@ -200,7 +200,7 @@ class EmulatedEngine:
             if partial.token_ids and partial.weights_version != self.version:
                 raise RuntimeError(f"emulated engine: partial {partial.sample_id} was made under weights version "
                                    f"{partial.weights_version}, this engine holds {self.version}")
-            request = Request(tuple(partial.sample_id), tuple(partial.prompt_ids))
+            request = Request(tuple(partial.sample_id), tuple(partial.prompt_ids), turn=partial.turn)
             self._queue.appendleft(_Live(request, self.lengths(tuple(partial.sample_id)), partial.submit_time,
                                          len(partial.token_ids)))
 
@@ -237,7 +237,7 @@ class EmulatedTrainShard:
         if index in self._normalisers:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} trained twice in one update")
         tokens = sum(len(s.token_ids) for s in samples)
-        normaliser = micro_normaliser([len(s.token_ids) for s in samples], self.loss_agg)
+        normaliser = micro_normaliser([trained_tokens(s) for s in samples], self.loss_agg)
         # the simulator prices forward+backward over prompt + response tokens
         self._sleep(self.cost.train_compute_s(tokens + sum(len(s.prompt_ids) for s in samples), 1))
         self._normalisers[index] = normaliser

@@ -22,7 +22,7 @@ from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats,
 from poise.runtime.faults import wait
 from poise.runtime.roles import StagedSamples
 from poise.train.reduce import index_nodes
-from poise.types import Sample, SampleId
+from poise.types import Sample, SampleId, trained_tokens
 
 
 class SampleSetError(PoiseError):
@@ -250,7 +250,7 @@ class TrainerGroup:
         ranks = [device_ranks[d] for d in parties]
         m = len(mini.micro)
         rows = max(1, max(len(index_nodes(held[d], m)) for d in held))
-        normaliser = loss_normaliser([[len(self.ledger.arrived[i].token_ids) for i in ids] for ids in mini.micro],
+        normaliser = loss_normaliser([[trained_tokens(self.ledger.arrived[i]) for i in ids] for ids in mini.micro],
                                      self.loss_agg)
         micro = [ref for (u, _), _, ref in self.micro_refs if u == mini.index]
         version = self.version if mini.index == len(self.plan.minis) - 1 else None  # the step's last update

@@ -19,6 +19,9 @@ from poise.algo.shaping import overlong_penalty
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
+from poise.episodes.codec import TurnCodec
+from poise.episodes.metrics import episode_metrics, with_env_rewards
+from poise.episodes.runner import EpisodeRunner
 from poise.metrics import step_metrics
 from poise.policy.dynamic import DrawResolver, default_max_draws
 from poise.rollout.backends import build_engine
@@ -44,7 +47,8 @@ class ColocatedLoop:
         self.device = run_device(cfg.cluster.device)  # before the reward sandbox: a missing GPU fails first
         torch.manual_seed(cfg.run.seed)
         # the reward sandbox starts first: a reward function that cannot load fails before any work
-        self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step, RewardScorer(cfg.reward))
+        self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step,
+                               RewardScorer(cfg.reward, cfg.env))
         self.tokenizer = self.steps.tokenizer
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
@@ -60,6 +64,10 @@ class ColocatedLoop:
         self.engine = build_engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
                                    cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
+        self.episodes = None  # env.name: multi-turn episodes (poise.episodes)
+        if cfg.env.path is not None:
+            self.episodes = EpisodeRunner(cfg.env, self.steps.rewards, TurnCodec(self.tokenizer, cfg.data.chat_template),
+                                          algo.sampling.max_new_tokens, self.engine.context, cfg.run.seed)
         self.heldout = None  # eval.every: held-out problems, evaluated between steps (poise.evaluation)
         if cfg.eval.every:
             from poise.evaluation.heldout import HeldOut
@@ -74,13 +82,33 @@ class ColocatedLoop:
     def generate(self, step: int, problems: list[Problem]):
         g = self.cfg.algorithm.group_size
         self.engine.set_weights_version(self.state.weights_version)
+        if self.episodes is not None:
+            return self.generate_episodes(step, problems)
         samples = self.engine.generate(Request((step, i, j), self.steps.prompt_ids(p))
                                        for i, p in enumerate(problems) for j in range(g))
         return sorted(samples, key=lambda s: s.sample_id)
 
+    def generate_episodes(self, step: int, problems: list[Problem]):
+        """The step's episodes: a turn that finishes goes to its environment while the others decode;
+        the next turn joins the engine's queue when the environment answers (poise.episodes.runner)."""
+        runner = self.episodes
+        runner.start(step, problems, [self.steps.prompt_ids(p) for p in problems], self.cfg.algorithm.group_size,
+                     self.state.weights_version)
+        finished = []
+        while runner.active:
+            requests, done = runner.poll(wait_s=0.05 if self.engine.idle else 0.0)
+            for request in requests:
+                self.engine.submit(request)
+            finished += done
+            if not self.engine.idle:
+                runner.turns_done(self.engine.step())
+        return sorted(finished, key=lambda s: s.sample_id)
+
     def score(self, problems: list[Problem], samples) -> dict[SampleId, RewardResult]:
-        """Every sample's reward, from the reward sandbox (the step's samples are all generated)."""
-        return dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
+        """Every sample's reward, from the reward sandbox (the step's samples are all generated); an
+        episode's adds its environment's rewards."""
+        scored = dict(zip((s.sample_id for s in samples), self.steps.submit_scores(problems, samples).result()))
+        return scored if self.episodes is None else with_env_rewards(scored, self.episodes.stats)
 
     def shaped(self, sample, reward: float) -> float:
         """The reward the algorithm sees: the reward functions' plus overlong shaping (algo/shaping.py)."""
@@ -164,6 +192,10 @@ class ColocatedLoop:
                                {"rollout_s": t_gen - t_start, "reward_s": t_score - t_gen, "train_s": t_end - t_score})
         metrics.update(reward_metrics(scored.values()))  # reward/<function> means, reward_failures
         metrics.update(dynamic)
+        if self.episodes is not None:
+            metrics.update(episode_metrics([self.episodes.stats.pop(s.sample_id) for s in samples],
+                                           self.episodes.env_seconds))
+            self.episodes.env_seconds = 0.0
         if self.cfg.algorithm.overlong_buffer:
             metrics["reward/overlong"] = sum(self.shaped(s, 0.0) for s in samples) / len(samples)
         log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)

@@ -36,6 +36,18 @@ class SampleLike(Protocol):
     prompt_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]  # behaviour log-probs from the rollout engine (the PPO "old" ones with old_logprobs rollout)
+    loss_mask: tuple[int, ...] | None  # an episode's: 1 on model tokens, 0 on observation tokens (types.Sample)
+
+
+def loss_mask(sample: SampleLike) -> tuple[int, ...] | list[int]:
+    mask = getattr(sample, "loss_mask", None)  # a single answer (or a stand-in without the field): all 1
+    return mask if mask is not None else [1] * len(sample.token_ids)
+
+
+def trained_tokens(sample: SampleLike) -> int:
+    """The tokens the loss trains on and the normaliser counts (types.trained_tokens, for any SampleLike)."""
+    mask = getattr(sample, "loss_mask", None)
+    return len(sample.token_ids) if mask is None else sum(mask)
 
 
 @dataclass
@@ -76,7 +88,7 @@ class PackedBatch:
     targets: torch.Tensor  # [N] long: the response tokens, sample by sample
     old_logprobs: torch.Tensor  # [N] float32: their behaviour log-probs
     scatter_at: torch.Tensor  # [N] long: flat index into B * T where each response token's value goes
-    mask: torch.Tensor  # [B, T] float32: 1 on real response tokens
+    mask: torch.Tensor  # [B, T] float32: 1 on the response tokens that train (an episode's observations: 0)
     rows: int  # R: padded token positions are R * C, against B * C unpacked
 
 
@@ -111,7 +123,10 @@ def pack_batch(samples: Sequence[SampleLike], pad_id: int) -> PackedBatch:
     predict_at = (torch.tensor(start) + torch.tensor(prompt_lens) - 1)[sample_of] + column
     mask = torch.zeros(b_count * t_max, dtype=torch.float32)
     scatter_at = sample_of * t_max + column
-    mask[scatter_at] = 1.0
+    if any(getattr(s, "loss_mask", None) is not None for s in samples):  # episodes: observation tokens stay 0
+        mask[scatter_at] = torch.tensor([m for s in samples for m in loss_mask(s)], dtype=torch.float32)
+    else:
+        mask[scatter_at] = 1.0
     return PackedBatch(
         input_ids=torch.tensor(ids, dtype=torch.long).view(len(rows), capacity),
         position_ids=torch.tensor(positions, dtype=torch.long).view(len(rows), capacity),
@@ -452,6 +467,6 @@ class PolicyTrainer:
                 result.flat_grad = torch.empty(0)
                 results.append(result)
             summed = param_views(combine(tree.nodes(m), m, torch.add), self.shapes)
-            lengths = [[len(by_id[sid].token_ids) for sid in ids] for ids in mini.micro]
+            lengths = [[trained_tokens(by_id[sid]) for sid in ids] for ids in mini.micro]
             norms.append(self.apply_update(summed, loss_normaliser(lengths, cfg.loss_agg)))
         return step_stats([r.stats() for r in results], norms)
