@@ -570,6 +570,13 @@ class EnvConfig:
         check(self.max_observation_chars >= 1, "max_observation_chars", self.max_observation_chars,
               "must be >= 1, e.g. 2000")
 
+    def response_tokens(self, max_new_tokens: int) -> int:
+        """Tokens after the prompt that the engine's context must hold: one answer's, or an episode's
+        (env.max_tokens, else as many as the model's positions allow: a large number the context is capped by)."""
+        if self.name is None:
+            return max_new_tokens
+        return self.max_tokens or 1 << 20
+
     @property
     def path(self) -> str | None:
         """The environment's import path (a built-in's resolved)."""

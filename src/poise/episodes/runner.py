@@ -76,7 +76,8 @@ class EpisodeRunner:
         self.max_new_tokens, self.context, self.seed, self.clock = max_new_tokens, context, seed, clock
         self.episodes: dict[SampleId, Episode] = {}
         self._rows: dict[SampleId, tuple[str, dict]] = {}  # the problem's prompt and row, per episode
-        self._pending: list[tuple[list[SampleId], PendingCalls, float]] = []  # (episodes, calls, submitted at)
+        # (each call's episode and turn, the calls, when submitted)
+        self._pending: list[tuple[list[tuple[SampleId, int]], PendingCalls, float]] = []
         self._ready: list[Request] = []
         self._over: list[Sample] = []
         self.stats: dict[SampleId, EpisodeStats] = {}
@@ -90,6 +91,8 @@ class EpisodeRunner:
         their environments reset at once (in the sandbox): `poll` hands out their first turns."""
         indices = list(range(len(problems))) if prompts is None else list(prompts)
         self.version = version
+        for sid in [sid for sid in self.episodes if sid[0] == step]:  # a step started again (a recovery)
+            del self.episodes[sid], self._rows[sid]
         ids = []
         for i, problem, prompt in zip(indices, problems, prompt_ids):
             row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
@@ -100,6 +103,21 @@ class EpisodeRunner:
                 self._rows[sid] = (problem.prompt, row)
                 ids.append(sid)
         self._call(ids)
+
+    def first_turns(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
+                    group_size: int, version: int) -> dict[SampleId, Request]:
+        """`start`, then wait for the resets: each episode's first turn by sample id (one that ended at
+        its reset comes out of a later `poll`). Every call ends within reward.timeout_s."""
+        self.start(step, problems, prompt_ids, group_size, version)
+        want = sum(1 for sid in self.episodes if sid[0] == step)
+        turns: dict[SampleId, Request] = {}
+        ended: list[Sample] = []
+        while len(turns) + len(ended) < want:
+            requests, finished = self.poll(wait_s=0.05)
+            turns.update((tuple(r.sample_id), r) for r in requests)
+            ended += finished
+        self._over = ended + self._over
+        return turns
 
     def turns_done(self, samples: Sequence[Sample]) -> None:
         """Finished model turns: each goes to its environment (or ends its episode on the budget)."""
@@ -149,11 +167,14 @@ class EpisodeRunner:
             prompt, row = self._rows[sid]
             history = json.dumps({"seed": derive_seed(self.seed, "env", sid), "actions": self.episodes[sid].actions})
             calls.append(Call(self.sandbox.env_index, prompt, history, row))
-        self._pending.append((ids, self.sandbox.submit_env(calls), self.clock()))
+        self._pending.append(([(sid, self.episodes[sid].turn) for sid in ids], self.sandbox.submit_env(calls),
+                              self.clock()))
 
-    def _answered(self, ids: list[SampleId], outcomes: list[Outcome]) -> None:
-        for sid, outcome in zip(ids, outcomes):
-            episode = self.episodes[sid]
+    def _answered(self, ids: list[tuple[SampleId, int]], outcomes: list[Outcome]) -> None:
+        for (sid, turn), outcome in zip(ids, outcomes):
+            episode = self.episodes.get(sid)
+            if episode is None or episode.env_calls != turn or episode.turn != turn:
+                continue  # an answer for an episode whose step started again meanwhile (a recovery)
             episode.env_calls += 1
             if outcome.value is None or outcome.env is None:
                 episode.end, episode.failure = "env_failure", outcome.error or "failed"

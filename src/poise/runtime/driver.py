@@ -25,6 +25,9 @@ from ray.exceptions import RayActorError, RayTaskError
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
+from poise.episodes.codec import TurnCodec
+from poise.episodes.metrics import episode_metrics, with_env_rewards
+from poise.episodes.runner import EpisodeRunner
 from poise import interrupt
 from poise.errors import PoiseError
 from poise.algo.shaping import overlong_penalty
@@ -101,7 +104,7 @@ class Runtime:
         rollout = cfg.rollout
         if emulation is None and isinstance(source, TaskSteps):  # the KV cache sized by the run's prompts
             rollout = dataclasses.replace(rollout, max_context=fitted_context(
-                cfg.model, rollout.max_context, source.longest_prompt(), algo.sampling.max_new_tokens))
+                cfg.model, rollout.max_context, source.longest_prompt(), cfg.env.response_tokens(algo.sampling.max_new_tokens)))
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
@@ -254,6 +257,11 @@ class Driver:
         self.dynamic: dict[int, DynamicStep] = {}  # dynamic sampling: each generated step's slots, until logged
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
         self.evaluation = RolloutEvaluation.of(cfg, source)  # eval.every: held-out problems between steps
+        self.episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (poise.episodes)
+        if cfg.env.path is not None:
+            self.episodes = EpisodeRunner(cfg.env, source.rewards, TurnCodec(source.tokenizer, cfg.data.chat_template),
+                                          cfg.algorithm.sampling.max_new_tokens, runtime.spec.rollout.max_context,
+                                          cfg.run.seed)
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -423,7 +431,12 @@ class Driver:
         if step in self.started:
             return
         self.started.add(step)
-        self.rt.service.start_step(step, problems, [self.source.prompt_ids(p) for p in problems])
+        prompt_ids = [self.source.prompt_ids(p) for p in problems]
+        first_turns = None
+        if self.episodes is not None:  # each episode's first turn, once its environment has reset
+            first_turns = self.episodes.first_turns(step, problems, prompt_ids, self.cfg.algorithm.group_size,
+                                                    self.version)
+        self.rt.service.start_step(step, problems, prompt_ids, first_turns)
 
     def queue_next_generation(self, step: int) -> None:
         """Hand the rollout devices the next generation's queues now, right behind the weight sync
@@ -431,7 +444,7 @@ class Driver:
         weights arrive, not a driver round trip (logging, checkpoint, planning) later. The next
         generation is step k+1 in sync, k+2 in async (k+1 was generated during this step)."""
         nxt = step + (2 if self.kind == "async" else 1)
-        if nxt < self.cfg.run.steps:
+        if nxt < self.cfg.run.steps and self.episodes is None:  # episodes start with their step's collect
             try:
                 self.start_generation(nxt, self.source.problems(nxt))
             except Exception:  # noqa: BLE001 - not lost: step `nxt` plans again and raises it there,
@@ -445,6 +458,8 @@ class Driver:
         generation and arrival of the next batches."""
         if self.cfg.algorithm.dynamic_sampling:
             return self.collect_dynamic(problems, stream_to_trainer, step)
+        if self.episodes is not None:
+            return self.collect_episodes(problems, stream_to_trainer, step)
         scored: list[tuple[Sample, float]] = []
         pending: list[tuple[list[Sample], PendingRewards]] = []
         for batch in self.rt.service.stream():
@@ -457,6 +472,45 @@ class Driver:
             scored += self.take_scored(batch, rewards, stream_to_trainer)
         self.rt.service.observe([s for s, _ in scored])
         return scored
+
+    def collect_episodes(self, problems: list[Problem], stream_to_trainer: bool, step: int
+                         ) -> list[tuple[Sample, float]]:
+        """`collect` for multi-turn episodes: each finished turn goes to its environment at once (in
+        the reward sandbox) while the rollout devices decode other turns; an environment's answer
+        hands the next turn to the least busy instance; an episode that ends is scored (the reward
+        functions on its last turn plus its environment's rewards) and goes on (to the trainer)."""
+        runner, scored = self.episodes, []
+        pending: list[tuple[list[Sample], PendingRewards]] = []
+
+        def hand_out(wait_s: float) -> None:
+            requests, finished = runner.poll(wait_s)
+            if requests:
+                self.rt.service.submit_turns(requests)
+            if finished:
+                pending.append((finished, self.source.submit_scores(problems, finished)))
+            while pending and pending[0][1].done():
+                scored.extend(self.take_episodes(*pending.pop(0), stream_to_trainer))
+
+        while runner.active:
+            for batch in self.rt.service.stream(heartbeat=True):
+                if batch:
+                    self.injector.at(self.rt, "generate", step)
+                    runner.turns_done(batch)
+                hand_out(0.0)
+            if runner.active:  # nothing generating: every live episode waits for its environment
+                hand_out(SCORE_WAIT_S)
+        for batch, rewards in pending:
+            scored += self.take_episodes(batch, rewards, stream_to_trainer)
+        self.rt.service.observe([s for s, _ in scored])
+        return scored
+
+    def take_episodes(self, batch: list[Sample], rewards: PendingRewards, stream_to_trainer: bool
+                      ) -> list[tuple[Sample, float]]:
+        results = with_env_rewards(dict(zip((s.sample_id for s in batch), rewards.result())), self.episodes.stats)
+        self.reward_results.update(results)
+        part = [(s, self.shaped(s, results[s.sample_id].value)) for s in batch]
+        self.hand_on(part, stream_to_trainer)
+        return part
 
     def collect_dynamic(self, problems: list[Problem], stream_to_trainer: bool, step: int
                         ) -> list[tuple[Sample, float]]:
@@ -635,6 +689,10 @@ class Driver:
             row["reward/overlong"] = sum(self.shaped(s, 0.0) for s in samples) / len(samples)
         results = [(s.sample_id, self.reward_results.pop(s.sample_id)) for s in samples]
         row.update(reward_metrics(r for _, r in results))  # reward/<function> means, reward_failures
+        if self.episodes is not None:  # turns, model and observation tokens, environment time and failures
+            row.update(episode_metrics([self.episodes.stats.pop(s.sample_id) for s in samples],
+                                       self.episodes.env_seconds))
+            self.episodes.env_seconds = 0.0
         log_failures(log, t_gen, step, results, self.cfg.reward.fallback)
         rel = lambda wall: wall - self.t0  # noqa: E731 - workers report wall-clock times
         for device, start, end in self.rt.service.busy.get(step, []):
@@ -748,7 +806,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
 
             compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
-    rewards = RewardScorer(cfg.reward) if emulation is None else None  # the reward sandbox: user code loads there
+    rewards = RewardScorer(cfg.reward, cfg.env) if emulation is None else None  # the reward sandbox: user code loads there
     source: StepSource = emulation if emulation is not None else \
         TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)
     split = emulation.split() if emulation is not None else choose_split(cfg, source)

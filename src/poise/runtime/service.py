@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -69,8 +69,10 @@ class StreamGenerationService:
         """The instances a step's generation is planned over: rollout devices, then lent ones."""
         return self.instances + self.lent
 
-    def start_step(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]]) -> DispatchPlan:
-        """Plan the step's prompt groups over the instances and hand every instance its queue."""
+    def start_step(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
+                   requests: Mapping[SampleId, Request] | None = None) -> DispatchPlan:
+        """Plan the step's prompt groups over the instances and hand every instance its queue
+        (`requests`: each sample's own first request, an episode's first turn, instead of the prompt's)."""
         prompts = [Prompt(p.uid, p.prompt) for p in problems]
         instances = self.generating
         plan = self.dispatcher.plan(prompts, [InstanceInfo(i, self.num_slots) for i in range(len(instances))])
@@ -78,7 +80,11 @@ class StreamGenerationService:
         for prompt_index, instance_id in plan.order:
             self._prompts[(step, prompt_index)] = prompts[prompt_index]
             for j in range(self.group_size):
-                queues[instance_id].append(Request((step, prompt_index, j), prompt_ids[prompt_index]))
+                sid = (step, prompt_index, j)
+                if requests is None:
+                    queues[instance_id].append(Request(sid, prompt_ids[prompt_index]))
+                elif sid in requests:  # an episode that ended at its reset has no turn to generate
+                    queues[instance_id].append(requests[sid])
                 self.instance_of[(step, prompt_index, j)] = instances[instance_id].device
         caps = [max(1, min(self.num_slots, plan.batch_caps.get(i, self.num_slots))) for i in range(len(queues))]
         self._caps = {inst.device: cap for inst, cap in zip(instances, caps)}
@@ -108,9 +114,25 @@ class StreamGenerationService:
             # order) reports counts from before this submit, and an idle instance's heartbeat restarts then
             inst.unseen += len(requests)
 
-    def stream(self) -> Iterator[list[Sample]]:
+    def submit_turns(self, requests: Sequence[Request]) -> None:
+        """Episodes: next turns, each to the instance with the least in flight (which instance runs a
+        turn changes no token: the turn re-fills the episode so far). `stream` takes them like the
+        step's own."""
+        work: dict[int, list[Request]] = {}
+        for request in requests:
+            inst = min(self.generating, key=lambda i: (i.in_flight + i.unseen, i.device))
+            work.setdefault(inst.device, []).append(request)
+            inst.unseen += 1
+            self.instance_of[tuple(request.sample_id)] = inst.device
+        for inst in self.generating:
+            if inst.device in work:
+                inst.worker.submit.remote(work[inst.device], self._caps.get(inst.device, self.num_slots))
+
+    def stream(self, heartbeat: bool = False) -> Iterator[list[Sample]]:
         """Yield the step's finished samples in batches, as they come, until every one is out
-        (work `extend` hands in meanwhile included)."""
+        (work `extend` or `submit_turns` hands in meanwhile included). `heartbeat`: yield an empty
+        batch too each time a wait ends with none (at most take_seconds apart while generating), so
+        the caller can hand in work that did not come from a sample (an environment's answer)."""
         if self.carried:
             batch, self.carried = self.carried, []
             yield batch
@@ -151,7 +173,7 @@ class StreamGenerationService:
                 self.busy[self._step] += [(inst.device, start, end) for start, end in busy]
                 batch.extend(finished)
             take_from_busy_instances()
-            if batch:
+            if batch or heartbeat:
                 yield batch
                 take_from_busy_instances()  # the caller may have extended the step meanwhile
 

@@ -60,7 +60,7 @@ class ColocatedLoop:
         self.trainer = PolicyTrainer(self.model, algo, self.tokenizer.pad_id, ref)
         # The engine runs the trainer's own modules: colocated weights need no sync.
         context = fitted_context(cfg.model, cfg.rollout.max_context, self.steps.longest_prompt(),
-                                 algo.sampling.max_new_tokens)  # the KV cache the run's prompts need
+                                 cfg.env.response_tokens(algo.sampling.max_new_tokens))  # the KV cache the run needs
         self.engine = build_engine(self.model, dataclasses.replace(cfg.rollout, max_context=context), algo.sampling,
                                    cfg.run.seed, self.tokenizer.eos_id)
         self.state = TrainState(step=0, weights_version=0)
