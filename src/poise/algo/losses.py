@@ -112,7 +112,7 @@ def rollout_is_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Ten
     """
     if cap < 1:
         raise ValueError(f"the importance-sampling cap must be >= 1, got {cap}")
-    log_w = (old_logprobs - behaviour_logprobs).detach() * mask
+    log_w = torch.where(mask > 0, (old_logprobs - behaviour_logprobs).detach(), 0.0)  # masked: weight 1, never NaN
     if level == "sequence":
         log_w = log_w.sum(dim=1, keepdim=True).expand_as(mask)
     elif level != "token":
@@ -169,6 +169,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     logprobs, old_logprobs, ref_logprobs, entropy, is_weights, mask: [B, T]; advantages: [B].
     """
     mask = mask.to(logprobs.dtype)
+    # a masked position (padding, an episode's observation token) gets ratio 1 from its own log-prob,
+    # so whatever its old log-prob holds (an environment's token has none) cannot reach the sum or
+    # the gradient as inf * 0 = NaN; unmasked positions keep their values bit for bit
+    old_logprobs = torch.where(mask > 0, old_logprobs, logprobs.detach())
     if ratio_level == "token":
         log_ratio = logprobs - old_logprobs
     elif ratio_level == "sequence":

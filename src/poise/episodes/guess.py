@@ -9,8 +9,10 @@ guess that ignores the feedback does in about half the episodes: the task needs 
 
 from __future__ import annotations
 
+import random
 from typing import Any, Mapping
 
+from poise.data.tasks import GUESS_RANGE
 from poise.episodes.protocol import StepResult
 
 
@@ -27,3 +29,18 @@ class GuessEnv:
         if guess == self.target:
             return StepResult("correct", 0.0, True, {"valid": True})
         return StepResult("higher" if self.target > guess else "lower", 0.0, False, {"valid": True})
+
+
+def transcript(target: int, rng: random.Random, low: int = GUESS_RANGE[0], high: int = GUESS_RANGE[1]
+               ) -> list[tuple[str, str]]:
+    """A warm start's play (train/sft.py): each guess drawn uniformly from the numbers the feedback so
+    far allows, until the right one: [(guess, observation), ...], the last observation "" (it ends).
+    Consistent but not clever: binary search is what RL has to find."""
+    turns = []
+    while True:
+        guess = rng.randint(low, high)
+        if guess == target:
+            turns.append((str(guess), ""))
+            return turns
+        turns.append((str(guess), "higher" if target > guess else "lower"))
+        low, high = (guess + 1, high) if target > guess else (low, guess - 1)

@@ -9,7 +9,7 @@ from typing import Iterable, Mapping
 from poise.episodes.episode import ENDS
 from poise.episodes.runner import EpisodeStats
 from poise.rewards.scorer import RewardFailure, RewardResult
-from poise.types import SampleId
+from poise.types import Sample, SampleId, trained_tokens
 
 
 def with_env_rewards(scored: Mapping[SampleId, RewardResult], stats: Mapping[SampleId, EpisodeStats]
@@ -41,4 +41,15 @@ def episode_metrics(stats: Iterable[EpisodeStats], env_seconds: float) -> dict[s
     }
     for end in ENDS:
         out[f"episode/end_{end}"] = sum(1 for s in stats if s.end == end)
+    return out
+
+
+def episode_event_fields(sample: Sample, log_tokens: bool) -> dict:
+    """What a `sample` event adds for an episode: its turns and model tokens (and its loss mask with
+    run.log_tokens); nothing for a single answer."""
+    if sample.loss_mask is None:
+        return {}
+    out = {"turns": sample.turn, "model_tokens": trained_tokens(sample)}
+    if log_tokens:
+        out["loss_mask"] = list(sample.loss_mask)
     return out

@@ -26,7 +26,7 @@ from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
 from poise.episodes.codec import TurnCodec
-from poise.episodes.metrics import episode_metrics, with_env_rewards
+from poise.episodes.metrics import episode_event_fields, episode_metrics, with_env_rewards
 from poise.episodes.runner import EpisodeRunner
 from poise import interrupt
 from poise.errors import PoiseError
@@ -714,7 +714,8 @@ class Driver:
                       weights_version=s.weights_version, instance=self.rt.service.instance_of[s.sample_id],
                       submit=rel(s.submit_time), finish=rel(s.finish_time), reward=rewards[s.sample_id],
                       **({"draw": dynamic.slots[s.sample_id[1]]} if dynamic is not None else {}),
-                      **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}))
+                      **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}),
+                      **episode_event_fields(s, tokens))
         self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
                   train_s=t_train - t_gen, sync_s=sync_s, reward_mean=row["reward_mean"],

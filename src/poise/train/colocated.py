@@ -20,7 +20,7 @@ from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
 from poise.episodes.codec import TurnCodec
-from poise.episodes.metrics import episode_metrics, with_env_rewards
+from poise.episodes.metrics import episode_event_fields, episode_metrics, with_env_rewards
 from poise.episodes.runner import EpisodeRunner
 from poise.metrics import step_metrics
 from poise.policy.dynamic import DrawResolver, default_max_draws
@@ -235,7 +235,8 @@ def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_
                   prompt_id=problems[s.sample_id[1]].uid, output_length=len(s.token_ids),
                   weights_version=s.weights_version, instance=0, submit=s.submit_time - t0, finish=s.finish_time - t0,
                   **({"reward": rewards[s.sample_id]} if rewards is not None else {}),
-                  **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if log_tokens else {}))
+                  **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if log_tokens else {}),
+                  **episode_event_fields(s, log_tokens))
     log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
               train_s=t_end - t_score, sync_s=0.0, reward_mean=metrics["reward_mean"], tokens=metrics["tokens"],
               split=None, mode="colocated")
