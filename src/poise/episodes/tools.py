@@ -27,6 +27,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence, Union
 
+from poise.data.tokenizer import CHARS
 from poise.episodes.protocol import StepResult
 from poise.errors import ConfigError
 
@@ -445,10 +446,11 @@ class ToolEnvironment:
     def describe_plain(self) -> str:
         """One line for a plain-format prompt: the tools and how to call them."""
         entries = [f"{name}({', '.join(t.parameters['properties'])}) "
-                   f"{t.schema['function']['description'].splitlines()[0].rstrip('.').lower()}"
-                   for name, t in self.tools.items()]
-        return "tools: " + "; ".join(entries) + ". call one as name(arguments) alone on a turn; the result " \
-                                                "comes back as = result."
+                   f"{t.schema['function']['description'].splitlines()[0].rstrip('.')}" for name, t in self.tools.items()]
+        line = "tools: " + "; ".join(entries) + ". call one as name(arguments) alone on a turn; the result comes " \
+                                                "back as = result."
+        # the character tokenizer would read what it cannot write as '?': leave such characters out
+        return " ".join("".join(ch for ch in line.lower() if ch in CHARS).split())
 
     def reset(self, row: Mapping[str, Any], seed: int) -> str:
         self._calls = 0
