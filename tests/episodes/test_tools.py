@@ -266,6 +266,12 @@ def test_hermes_malformed_calls_raise_a_sentence_for_the_model(body, says):
     assert str(e.value).startswith(says) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("body", ["[" * 100_000, '{"name": "multiply", "arguments": "' + "[" * 100_000 + '"}'])
+def test_hermes_deeply_nested_json_is_a_malformed_call(body):
+    with pytest.raises(ToolCallError, match="error: .*nested too deeply"):
+        parse_tool_calls(f"<tool_call>{body}</tool_call>", "hermes", TOOLS)
+
+
 def test_hermes_unclosed_call_is_an_error():
     with pytest.raises(ToolCallError, match="is not closed by </tool_call>"):
         parse_tool_calls('<tool_call>{"name": "multiply", "arguments": {"a": 1, "b": 2}}', "hermes", TOOLS)
@@ -399,10 +405,25 @@ def test_python_returns_stdout_then_the_tail_of_stderr():
 
 
 def test_python_runs_isolated_in_a_scratch_directory():
-    out = run_python("import os, sys; print(os.getcwd()); print(sorted(os.environ)); print(sys.flags.isolated)")
-    cwd, names, isolated = out.splitlines()
+    code = textwrap.dedent("""
+        import os, sys
+        print(os.getcwd())
+        print(sorted(os.environ))
+        print(sys.flags.no_user_site, sys.flags.no_site, sys.flags.safe_path, any("site-packages" in p for p in sys.path))
+        try:
+            import poise  # on the caller's PYTHONPATH and in the venv's site-packages: neither reaches here
+        except ImportError:
+            print("no poise")
+    """)
+    cwd, names, flags, poise = run_python(code).splitlines()
     assert os.path.basename(cwd).startswith("poise-python-tool-") and not os.path.exists(cwd)
-    assert "PYTHONPATH" not in names and isolated == "1"
+    assert "PYTHONPATH" not in names and flags == "1 1 True False" and poise == "no poise"
+
+
+def test_python_output_does_not_depend_on_hash_randomization():
+    # an episode resumed elsewhere must see the same observation: set order of strings is hash order
+    code = "print(hash('episode'), list({'a', 'b', 'c', 'd', 'e', 'f'}))"
+    assert len({run_python(code) for _ in range(3)}) == 1
 
 
 def test_python_caps_output_and_memory():

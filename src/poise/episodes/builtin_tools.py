@@ -120,8 +120,11 @@ def _short(value: int | float) -> str:
 
 # --- python -------------------------------------------------------------------------------------
 
-# Runs in the child before the user's program: limits first, then the program from stdin. `-I -S`
-# keep out the environment's PYTHON* variables, the user's site-packages and the current directory.
+# Runs in the child before the user's program: limits first, then the program from stdin. Like
+# `-I -S` (no user or site packages, no current directory on the path; the environment is scrubbed
+# instead of ignored) but with a fixed hash seed: set order must not differ between two runs of
+# one episode (DESIGN.md, Episodes: an interrupted episode resumes with the same tokens).
+_FLAGS = ("-s", "-S", "-P")
 _BOOT = r"""
 import resource, sys
 cpu_s, memory, fsize = (int(a) for a in sys.argv[1:4])
@@ -152,9 +155,9 @@ def run_python(code: str, timeout_s: float = PYTHON_TIMEOUT_S, memory_mb: int = 
     'error: timed out after N s'; the program's process group is killed when the call ends."""
     limits = [str(math.ceil(timeout_s) + 1), str(memory_mb * 2**20), str(FILE_LIMIT_BYTES)]
     with tempfile.TemporaryDirectory(prefix="poise-python-tool-") as scratch:
-        child = subprocess.Popen([sys.executable, "-I", "-S", "-c", _BOOT, *limits], stdin=subprocess.PIPE,
+        child = subprocess.Popen([sys.executable, *_FLAGS, "-c", _BOOT, *limits], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=scratch,
-                                 env={"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch},
+                                 env={"PATH": os.defpath, "HOME": scratch, "TMPDIR": scratch, "PYTHONHASHSEED": "0"},
                                  start_new_session=True)  # its own process group: killed whole below
         stdout = _Capped(child.stdout, max_output_chars, keep="head")
         stderr = _Capped(child.stderr, STDERR_TAIL_CHARS, keep="tail")

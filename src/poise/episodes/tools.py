@@ -228,23 +228,26 @@ def _parse_hermes(text: str, tools: Mapping[str, Tool]) -> list[ToolCall]:
 
 def _hermes_call(body: str, tools: Mapping[str, Tool]) -> ToolCall:
     shape = 'write {"name": "<tool>", "arguments": {...}}'
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ToolCallError(f"error: tool call is not valid JSON: {e.msg} at character {e.pos}; {shape}") from None
+    call = _json(body, "tool call", shape)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ToolCallError(f"error: tool call has no \"name\"; {shape}")
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some models send the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as e:
-            raise ToolCallError(f"error: \"arguments\" of {call['name']} is not valid JSON: {e.msg}") from None
+        arguments = _json(arguments, f"\"arguments\" of {call['name']}", shape)
     if not isinstance(arguments, dict):
         raise ToolCallError(f"error: \"arguments\" of {call['name']} must be an object; {shape}")
     tool = _tool(call["name"], tools)
     _check_arguments(tool, arguments)
     return ToolCall(tool.name, arguments)
+
+
+def _json(text: str, what: str, shape: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ToolCallError(f"error: {what} is not valid JSON: {e.msg} at character {e.pos}; {shape}") from None
+    except RecursionError:  # model text is adversarial: [[[[... must not end the episode's process
+        raise ToolCallError(f"error: {what} is nested too deeply; {shape}") from None
 
 
 def _parse_plain(text: str, tools: Mapping[str, Tool]) -> list[ToolCall]:
