@@ -373,6 +373,8 @@ def test_calculator_is_exact(expression, value):
     ("'a' * 3", "only numbers are allowed, not 'a'"),
     ("True + 1", "only numbers are allowed, not True"),
     ("1 < 2", "Compare is not allowed"),
+    ("1 << 9999", "LShift is not allowed"),
+    ("~1", "Invert is not allowed"),
     ("1e308 * 10", "the result is too large for a decimal number"),
     ("1e400", "the result is too large for a decimal number"),
     ("10.0 ** 400", "the result is too large for a decimal number"),

@@ -75,7 +75,8 @@ def _evaluate(node: ast.AST) -> int | float:
         raise ValueError("function calls are not allowed")
     if isinstance(node, ast.Attribute):
         raise ValueError("attributes are not allowed")
-    raise ValueError(f"{type(node).__name__} is not allowed: use numbers, + - * / // % ** and parentheses")
+    what = type(node.op if isinstance(node, (ast.UnaryOp, ast.BinOp)) else node).__name__  # LShift, not BinOp
+    raise ValueError(f"{what} is not allowed: use numbers, + - * / // % ** and parentheses")
 
 
 def _apply(op: ast.operator, a: int | float, b: int | float) -> int | float:
