@@ -66,6 +66,17 @@ def tag(labels: List[str], meta: dict, level: Literal[1, 2, 3] = 1, ratio: float
     return "ok"
 
 
+def mixed(choice: Literal["auto", 0, 1], grid: list[list[int]] | None = None, names: dict[str, str] = None):
+    """Pick a mode.
+
+    Args:
+        choice: the mode, or a fixed value
+        grid: rows of numbers
+        names: labels by key
+    """
+    return "ok"
+
+
 def fail(reason: str) -> str:
     """Always fail.
 
@@ -85,7 +96,7 @@ TOOLS = tools_of(multiply, search, tag, fail, calculator)
 # --- schemas ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fn", [multiply, search, tag, calculator])
+@pytest.mark.parametrize("fn", [multiply, search, tag, mixed, calculator])
 def test_schema_is_what_transformers_derives(fn):
     from transformers.utils import get_json_schema  # the reference; the product never imports it
 
@@ -254,9 +265,11 @@ def test_hermes_calls_with_text_around_them():
     ('{"name": "search", "arguments": {"query": "q", "order": "newest"}}',
      "error: argument 'order' of search must be one of \"new\", \"old\""),
     ('{"name": "search", "arguments": {"query": null}}', "error: argument 'query' of search must be a string"),
-    ('{"name": "tag", "arguments": {"labels": ["a", 2], "meta": {}}}', "error: argument 'labels' of tag must be a list"),
+    ('{"name": "tag", "arguments": {"labels": ["a", 2], "meta": {}}}',
+     "error: argument 'labels' of tag must be a list"),
     ('{"name": "tag", "arguments": {"labels": [], "meta": [1]}}', "error: argument 'meta' of tag must be an object"),
-    ('{"name": "tag", "arguments": {"labels": [], "meta": {}, "level": 4}}', "error: argument 'level' of tag must be one of 1, 2, 3, got 4"),
+    ('{"name": "tag", "arguments": {"labels": [], "meta": {}, "level": 4}}',
+     "error: argument 'level' of tag must be one of 1, 2, 3, got 4"),
     ('{"name": "tag", "arguments": {"labels": [], "meta": {}, "extra": {"n": "x"}}}',
      "error: argument 'extra' of tag must be an object or null"),
 ])
@@ -411,7 +424,8 @@ def test_python_runs_isolated_in_a_scratch_directory():
         import os, sys
         print(os.getcwd())
         print(sorted(os.environ))
-        print(sys.flags.no_user_site, sys.flags.no_site, sys.flags.safe_path, any("site-packages" in p for p in sys.path))
+        print(sys.flags.no_user_site, sys.flags.no_site, sys.flags.safe_path,
+              any("site-packages" in p for p in sys.path))
         try:
             import poise  # on the caller's PYTHONPATH and in the venv's site-packages: neither reaches here
         except ImportError:

@@ -449,7 +449,8 @@ class ToolEnvironment:
     def describe_plain(self) -> str:
         """One line for a plain-format prompt: the tools and how to call them."""
         entries = [f"{name}({', '.join(t.parameters['properties'])}) "
-                   f"{t.schema['function']['description'].splitlines()[0].rstrip('.')}" for name, t in self.tools.items()]
+                   f"{t.schema['function']['description'].splitlines()[0].rstrip('.')}"
+                   for name, t in self.tools.items()]
         line = "tools: " + "; ".join(entries) + ". call one as name(arguments) alone on a turn; the result comes " \
                                                 "back as = result."
         # the character tokenizer would read what it cannot write as '?': leave such characters out
