@@ -255,6 +255,7 @@ def test_hermes_calls_with_text_around_them():
     ('{"name": "multiply", "arguments": {"a": 6, "b": 7}', "error: tool call is not valid JSON: "),
     ('["multiply"]', 'error: tool call has no "name"'),
     ('{"name": "divide", "arguments": {}}', "error: unknown tool 'divide'; tools: multiply, search"),
+    ('{"name": "divide", "arguments": [1]}', "error: unknown tool 'divide'; tools: multiply, search"),
     ('{"name": "multiply", "arguments": {"a": 6}}', "error: multiply needs the argument 'b'"),
     ('{"name": "multiply", "arguments": {"a": 6, "b": 7, "c": 1}}', "error: multiply has no argument 'c'"),
     ('{"name": "multiply", "arguments": {"a": "6", "b": 7}}', "error: argument 'a' of multiply must be an integer"),
@@ -321,6 +322,8 @@ def test_plain_calls():
     assert parse_tool_calls("multiply(6, -7)", "plain", TOOLS) == [ToolCall("multiply", {"a": 6, "b": -7})]
     assert parse_tool_calls("search(tea, 2, old, true)", "plain", TOOLS) == [
         ToolCall("search", {"query": "tea", "limit": 2, "order": "old", "exact": True})]
+    assert parse_tool_calls("search(don't panic, 2)", "plain", TOOLS) == [  # a quote inside text is text
+        ToolCall("search", {"query": "don't panic", "limit": 2})]
     assert parse_tool_calls("search(tea, none)", "plain", TOOLS) == [
         ToolCall("search", {"query": "tea", "limit": None})]
     for answer in ("56088", "the answer is f(3)", "(2, 3)", "", "x = multiply(2, 3)"):

@@ -231,12 +231,12 @@ def _hermes_call(body: str, tools: Mapping[str, Tool]) -> ToolCall:
     call = _json(body, "tool call", shape)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise ToolCallError(f"error: tool call has no \"name\"; {shape}")
+    tool = _tool(call["name"], tools)
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some models send the arguments as a JSON string
-        arguments = _json(arguments, f"\"arguments\" of {call['name']}", shape)
+        arguments = _json(arguments, f"\"arguments\" of {tool.name}", shape)
     if not isinstance(arguments, dict):
-        raise ToolCallError(f"error: \"arguments\" of {call['name']} must be an object; {shape}")
-    tool = _tool(call["name"], tools)
+        raise ToolCallError(f"error: \"arguments\" of {tool.name} must be an object; {shape}")
     _check_arguments(tool, arguments)
     return ToolCall(tool.name, arguments)
 
@@ -288,15 +288,18 @@ def _plain_arguments(tool: Tool, inner: str) -> dict[str, Any]:
 
 
 def _split_commas(text: str) -> list[str]:
-    """Split at commas outside '...' and "..." quotes."""
+    """Split at commas outside '...' and "..." quotes; a quote opens only at a value's start, so
+    an apostrophe inside text (don't) is text."""
     parts, current, quote = [], "", None
     for ch in text:
         if quote is None and ch == ",":
             parts.append(current)
             current = ""
             continue
-        if ch in "'\"" and quote in (None, ch):
-            quote = ch if quote is None else None
+        if ch == quote:
+            quote = None
+        elif quote is None and ch in "'\"" and not current.strip():
+            quote = ch
         current += ch
     if quote is not None:
         raise ToolCallError(f"error: a quote {quote} is not closed")
