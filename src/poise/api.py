@@ -93,7 +93,7 @@ def check_before_work(cfg: TrainConfig) -> None:
                       cfg.algorithm.sampling.max_new_tokens)
         from poise.rewards.scorer import check_rewards
 
-        check_rewards(cfg.reward)  # each reward function loads in the sandbox, before the run directory
+        check_rewards(cfg.reward, cfg.env)  # each reward function (and the environment) loads in the sandbox, first
     if cfg.eval.every and cfg.cluster.compute == "real":
         from poise.evaluation.heldout import HeldOut
 

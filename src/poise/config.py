@@ -549,7 +549,7 @@ class EnvConfig:
 
     name: str | None = help_field(None, "the environment: a built-in (guess, tools) or module:Class / "
                                         "path/to/file.py:Class; null = single-turn (one answer per prompt)")
-    args: Mapping[str, Any] | None = help_field(None, "keyword arguments of the environment's constructor, e.g. "
+    args: dict[str, Any] | None = help_field(None, "keyword arguments of the environment's constructor, e.g. "
                                                       "{tools: [calculator]}; null = none")
     max_turns: int = help_field(4, "model turns per episode at most (the environment may end it sooner)")
     max_tokens: int = help_field(0, "tokens of an episode after its prompt at most, model and observation "

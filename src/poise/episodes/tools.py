@@ -427,7 +427,10 @@ class ToolEnvironment:
     """
 
     def __init__(self, tools: Sequence[str], format: str = "hermes", max_calls: int = 4,
-                 max_result_chars: int = 1000):
+                 max_result_chars: int = 1000, describe: bool = False):
+        if not isinstance(describe, bool):
+            raise ConfigError("env.args.describe", describe, "must be true or false")
+        self.describe = describe
         if format not in FORMATS:
             raise ConfigError("env.args.format", format, f"choose one of {', '.join(FORMATS)}")
         for key, value in (("env.args.max_calls", max_calls), ("env.args.max_result_chars", max_result_chars)):
@@ -460,8 +463,18 @@ class ToolEnvironment:
         return " ".join("".join(ch for ch in line.lower() if ch in CHARS).split())
 
     def reset(self, row: Mapping[str, Any], seed: int) -> str:
+        """The first observation: the tools and how to call them where `describe` (it joins the
+        prompt: the plain format's one line, or hermes' `<tools>` block of schemas as Qwen's template
+        writes it), else nothing."""
         self._calls = 0
-        return ""
+        if not self.describe:
+            return ""
+        if self.format == "plain":
+            return self.describe_plain()
+        schemas = "\n".join(json.dumps(s) for s in self.schemas())
+        return ("You may call one or more functions to assist with the user query.\n<tools>\n" + schemas +
+                "\n</tools>\nFor each function call, return a json object with function name and arguments "
+                "within <tool_call></tool_call> XML tags.")
 
     def step(self, action: str) -> StepResult:
         left = self.max_calls - self._calls

@@ -29,6 +29,8 @@ from poise.errors import ConfigError
 from poise.rewards.builtin import BUILTINS
 
 FORMS = "a built-in (task, exact, items, math, code), 'module:function' or 'path/to/file.py:function'"
+ENV_FORMS = "a built-in (guess, tools), 'module:Class' or 'path/to/file.py:Class'"
+TOOL_FORMS = "a built-in tool (calculator, python) or 'module:function'"
 
 
 @dataclass(frozen=True)
@@ -55,15 +57,26 @@ def resolve_functions(cfg: RewardConfig, cwd: str | None = None) -> tuple[Functi
     return tuple(_resolve(i, f.fn, f.label, f.weight, cwd) for i, f in enumerate(cfg.resolved))
 
 
-def resolve_environment(path: str, args: dict, max_observation_chars: int, cwd: str | None = None) -> FunctionSpec:
+def resolve_environment(path: str, args: dict, max_observation_chars: int, cwd: str | None = None,
+                        name: str | None = None) -> FunctionSpec:
     """An environment class (env.name, resolved) as a FunctionSpec the sandbox loads like a reward
     function; its calls are episode turns (worker._env_answer). A missing file or module raises
     ConfigError naming env.name."""
-    spec = _resolve(0, path, "env", 0.0, cwd or os.getcwd(), key="env.name")
-    return dataclasses.replace(spec, env={"args": dict(args), "max_observation_chars": max_observation_chars})
+    cwd = cwd or os.getcwd()
+    spec = _resolve(0, path, "env", 0.0, cwd, key="env.name", forms=ENV_FORMS)
+    # the modules of the tools it names (env.args.tools: module:function), found here like reward
+    # functions and imported by the worker before the environment, which may then import them by name
+    tools = args.get("tools") if isinstance(args.get("tools"), (list, tuple)) else ()
+    preload = [_resolve(i, t, "tool", 0.0, cwd, key=f"env.args.tools[{i}]", forms=TOOL_FORMS)
+               for i, t in enumerate(tools) if isinstance(t, str) and ":" in t]
+    reads = tuple(sorted({*spec.reads, *(r for p in preload for r in p.reads)}))
+    return dataclasses.replace(spec, fn=name or path, reads=reads,
+                               env={"args": dict(args), "max_observation_chars": max_observation_chars,
+                                    "preload": [dataclasses.asdict(p) for p in preload]})
 
 
-def _resolve(i: int, fn: str, name: str, weight: float, cwd: str, key: str | None = None) -> FunctionSpec:
+def _resolve(i: int, fn: str, name: str, weight: float, cwd: str, key: str | None = None,
+             forms: str = FORMS) -> FunctionSpec:
     key = key or f"reward.functions[{i}].fn"
     if fn in BUILTINS:
         return FunctionSpec(key, fn, name, weight, "poise.rewards.builtin", fn, None, None, ())
@@ -71,13 +84,12 @@ def _resolve(i: int, fn: str, name: str, weight: float, cwd: str, key: str | Non
     if where.endswith(".py") or os.sep in where or "/" in where:
         path = Path(cwd, where).resolve()
         if not path.is_file():
-            raise ConfigError(key, fn, f"file '{where}' does not exist (relative to {cwd}); give "
-                                       "path/to/file.py:function or module:function")
+            raise ConfigError(key, fn, f"file '{where}' does not exist (relative to {cwd}); give {forms}")
         module = "poise_user_reward_" + "".join(c if c.isalnum() else "_" for c in path.stem) + f"_{i}"
         return FunctionSpec(key, fn, name, weight, module, attr, str(path), None, (str(path),))
     top = where.split(".")[0]
     if not all(part.isidentifier() for part in where.split(".")):
-        raise ConfigError(key, fn, f"'{where}' is not a module name; give {FORMS}")
+        raise ConfigError(key, fn, f"'{where}' is not a module name; give {forms}")
     if top in sys.builtin_module_names:
         return FunctionSpec(key, fn, name, weight, where, attr, None, None, ())
     search = [cwd if p in ("", ".") else p for p in sys.path]
@@ -86,7 +98,7 @@ def _resolve(i: int, fn: str, name: str, weight: float, cwd: str, key: str | Non
     spec = importlib.machinery.PathFinder.find_spec(top, search)
     if spec is None or (spec.origin is None and not spec.submodule_search_locations):
         raise ConfigError(key, fn, f"no module named '{top}' in the working directory ({cwd}) or on the Python "
-                                   f"path; give {FORMS}")
+                                   f"path; give {forms}")
     locations = list(spec.submodule_search_locations or [])
     if locations:  # a package: the worker may read its directory
         package_dir = locations[0]

@@ -191,6 +191,9 @@ class _Worker:
         if isinstance(message, list) and len(message) == 3 and message[0] == "error" and \
                 isinstance(message[1], int) and 0 <= message[1] < len(self.pool.specs):
             spec = self.pool.specs[message[1]]
+            if spec.env is not None:
+                raise ConfigError(spec.key, spec.fn, f"cannot be built in the reward sandbox ({message[2]}); check "
+                                                     "the module, the class's name and env.args")
             raise ConfigError(spec.key, spec.fn, f"cannot be loaded in the reward sandbox ({message[2]}); check "
                                                  "the module, the function's name and that it is a function")
         raise PoiseError("the reward sandbox's worker did not start "

@@ -74,7 +74,8 @@ class RewardScorer:
         self.env_index = -1
         if env is not None and env.path is not None:
             self.env_index = len(self.specs)
-            pool_specs += (resolve_environment(env.path, dict(env.args or {}), env.max_observation_chars),)
+            pool_specs += (resolve_environment(env.path, dict(env.args or {}), env.max_observation_chars,
+                                               name=env.name),)
         self.pool = SandboxPool(pool_specs, SandboxLimits(cfg.timeout_s, cfg.memory_mb, cfg.cpu_s, cfg.workers,
                                                           CHUNK if cfg.isolation == "batch" else 1))
 

@@ -125,6 +125,8 @@ def _env_answer(cls: Callable[..., Any], env: dict, history: str, row: dict) -> 
     environment is a function of (row, seed, actions), as DESIGN.md asks."""
     spec = json.loads(history)
     seed, actions = spec["seed"], spec["actions"]
+    for module in env.get("preload", ()):  # the tools' modules, by file, before the environment imports them
+        _load(module)
     instance = cls(**env["args"])
     first = instance.reset(row, seed)
     if not actions:
@@ -136,6 +138,17 @@ def _env_answer(cls: Callable[..., Any], env: dict, history: str, row: dict) -> 
     if len(json.dumps(answer)) > ENV_ANSWER:
         raise ValueError(f"returned {len(json.dumps(answer))} bytes (observation and info); the limit is {ENV_ANSWER}")
     return answer
+
+
+def _check_environment(cls: Callable[..., Any], env: dict) -> None:
+    """At start-up: the environment builds from env.args and has callable reset and step."""
+    for module in env.get("preload", ()):
+        _load(module)
+    instance = cls(**env["args"])
+    for method in ("reset", "step"):
+        if not callable(getattr(instance, method, None)):
+            raise TypeError(f"{getattr(cls, '__name__', cls)}.{method} is not callable; an environment needs "
+                            "reset(row, seed) and step(action)")
 
 
 def _observation(observation: Any, env: dict) -> str:
@@ -271,7 +284,9 @@ class _Server:
                 try:
                     for index, spec in enumerate(self.init["functions"]):
                         failed = index
-                        _load(spec)
+                        loaded = _load(spec)
+                        if spec.get("env") is not None:
+                            _check_environment(loaded, spec["env"])
                     message = ["ready"]
                 except BaseException as e:  # noqa: BLE001 - user code may raise anything, SystemExit included
                     message = ["error", failed, f"{type(e).__name__}: {e}"[:500]]
