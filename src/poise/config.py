@@ -681,8 +681,6 @@ class TrainConfig:
         for on, key, value, why in (
                 (self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, "set it false"),
                 (self.cluster.compute == "emulated", "cluster.compute", "emulated", "use cluster.compute=real"),
-                (self.rollout.backend != "poise", "rollout.backend", self.rollout.backend,
-                 "use rollout.backend=poise"),
                 (self.eval.every > 0, "eval.every", self.eval.every, "set eval.every=0 (held-out evaluation "
                  "generates single answers)"),
                 (self.pipeline.assist, "pipeline.assist", True, "set it false")):

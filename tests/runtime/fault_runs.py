@@ -14,6 +14,8 @@ import threading
 from contextlib import contextmanager
 
 from poise.config import load_train_config
+from poise.data.tasks import TaskSource
+from poise.policy.dispatch import RoundRobinDispatcher
 
 from run_shapes import GROUP, PROMPTS, tiny_job
 
@@ -69,6 +71,20 @@ def baseline(mode: str, tmp_path_factory, warm_start, read_run):
 
     return run_once(f"{mode}-straight", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
                     f"pipeline.mode={mode}")
+
+
+class CrashAtStep(RoundRobinDispatcher):
+    """Raises when asked to dispatch the prompts of `step` (a crash after an earlier checkpoint)."""
+
+    def __init__(self, cfg, step: int):
+        super().__init__()
+        source = TaskSource(cfg.run.seed, cfg.data.phases, cfg.data.pool_size)  # the run's own prompts
+        self.crash_on = [p.uid for p in source.prompts_for_step(step, cfg.algorithm.prompts_per_step)]
+
+    def plan(self, prompts, instances):
+        if [p.prompt_id for p in prompts] == self.crash_on:
+            raise RuntimeError("simulated crash")
+        return super().plan(prompts, instances)
 
 
 def assert_logged_once(record) -> None:

@@ -12,29 +12,13 @@ import shutil
 
 import pytest
 
-from poise.data.tasks import TaskSource
-from poise.policy.dispatch import RoundRobinDispatcher
 from poise.runtime.driver import train_disaggregated
 from poise.train.checkpoint import PENDING_SAMPLES
 from poise.train.colocated import train_colocated
 
-from fault_runs import assert_logged_once, baseline, config
+from fault_runs import CrashAtStep as _CrashAtStep, assert_logged_once, baseline, config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-class _CrashAtStep(RoundRobinDispatcher):
-    """Raises when asked to dispatch the prompts of `step` (a crash after an earlier checkpoint)."""
-
-    def __init__(self, cfg, step: int):
-        super().__init__()
-        source = TaskSource(cfg.run.seed, cfg.data.phases, cfg.data.pool_size)  # the run's own prompts
-        self.crash_on = [p.uid for p in source.prompts_for_step(step, cfg.algorithm.prompts_per_step)]
-
-    def plan(self, prompts, instances):
-        if [p.prompt_id for p in prompts] == self.crash_on:
-            raise RuntimeError("simulated crash")
-        return super().plan(prompts, instances)
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,31 @@ def test_async_with_a_device_joining_as_a_vllm_instance(ray_session, tmp_path, w
     assert (join["devices"], join["first_step"]) == ([2], 3), join
     samples = [e for e in record.events if e["kind"] == "sample"]
     assert {e["instance"] for e in samples if e["step"] == 3} == {0, 2}, "the joined device generated nothing"
+
+
+def test_multi_turn_episodes_with_vllm_train(ray_session, tmp_path, read_run):
+    """The built-in multi-turn task (env.name: guess) on vLLM, sync 1+1, 3 steps, from a warm start
+    that plays it: episodes of several turns (observations masked), every episode once per step
+    under its step's weights version, and every step trains on a non-zero gradient."""
+    from poise.train.sft import run_sft
+    from types import SimpleNamespace
+
+    guess = "[{mix: {guess: 1.0}}]"
+    warm = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=128", "model.tiny.max_positions=96",
+            "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1", "model.sft.steps=100", "model.sft.batch_size=16",
+            "model.sft.lr=1e-2", f"data.phases={guess}"]
+    cfg = load_train_config(None, warm)
+    path = tmp_path / "tiny-guess-sft"
+    run_sft(cfg.model, cfg.data, path, threads=1, progress=False)
+    start = SimpleNamespace(path=path, overrides=(f"model.path={path}", *warm))
+    steps = 3
+    record = _run(tmp_path / "run", start, read_run, f"run.steps={steps}", "cluster.devices=2", "cluster.split=[1,1]",
+                  "env.name=guess", "env.max_turns=3", "algorithm.sampling.max_new_tokens=4")
+    record.assert_learned(start)
+    _assert_every_sample_once(record, steps)
+    episodes = [e for e in record.events if e["kind"] == "sample"]
+    assert max(e["turns"] for e in episodes) == 3 and min(e["turns"] for e in episodes) >= 1
+    for e in episodes:  # one model turn per run of 1s, an observation between two
+        runs = "".join(map(str, e["loss_mask"])).split("0")
+        assert len([r for r in runs if r]) == e["turns"], e
+    assert all(r["episode/turns_mean"] > 1.5 for r in record.rows), [r["episode/turns_mean"] for r in record.rows]

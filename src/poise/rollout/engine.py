@@ -112,7 +112,7 @@ class _Sequence:
     slot: int = -1
     cached: int = 0  # tokens of this sequence in its slot's cache
     text_len: int = 0  # length of decoded response text (stop strings)
-    key_prefix: int = 0  # sampling.key_prefix(seed, sample_id): the sample's keys less the position
+    key_prefix: int = 0  # sampling.turn_key_prefix(seed, sample_id, turn): the keys less the position
     turn: int = 0  # an episode's turn (Request.turn)
 
 

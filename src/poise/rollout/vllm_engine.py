@@ -53,7 +53,7 @@ from poise.config import EngineConfig, ModelConfig, SamplingConfig
 from poise.errors import PoiseError
 from poise.rollout.engine import (EngineBusyError, RequestError, check_named_weights, check_resumable,
                                   copy_named_weights)
-from poise.rollout.sampling import key_prefix
+from poise.rollout.sampling import turn_key_prefix
 from poise.types import FinishReason, Request, Sample, SampleId
 
 _REASONS: dict[str, FinishReason] = {"stop": "eos", "length": "length", "abort": "abort"}
@@ -68,6 +68,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)  # a resumed partial's, then what vLLM returns
     logprobs: list[float] = field(default_factory=list)
     resumed: int = 0  # tokens it had before this engine's request (its seed's position)
+    turn: int = 0  # an episode's turn (Request.turn): its seeds are those of (sample id, turn)
 
 
 class VllmEngine:
@@ -102,9 +103,9 @@ class VllmEngine:
 
     def submit(self, request: Request) -> None:
         budget = self.sampling.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
-        self._pending.append(self._check(request.sample_id, list(request.prompt_ids), budget, []))
+        self._pending.append(self._check(request.sample_id, list(request.prompt_ids), budget, [], request.turn))
 
-    def _check(self, sample_id: SampleId, prompt: list[int], budget, tokens: list[int]) -> _Request:
+    def _check(self, sample_id: SampleId, prompt: list[int], budget, tokens: list[int], turn: int = 0) -> _Request:
         if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
             raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
         if sample_id in self._known:
@@ -122,8 +123,10 @@ class VllmEngine:
         if tokens and (len(prompt) + len(tokens) >= self.context or len(tokens) >= budget):
             raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
                                           f"room left (context {self.context}, budget {budget})")
+        if not isinstance(turn, int) or turn < 0:
+            raise RequestError(sample_id, f"turn={turn!r}; it must be an integer >= 0")
         self._known.add(sample_id)
-        return _Request(sample_id, prompt, budget, self.clock(), list(tokens), resumed=len(tokens))
+        return _Request(sample_id, prompt, budget, self.clock(), list(tokens), resumed=len(tokens), turn=turn)
 
     @property
     def idle(self) -> bool:
@@ -193,7 +196,7 @@ class VllmEngine:
         params = SamplingParams(
             n=1, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1,
             max_tokens=min(req.max_new - len(req.tokens), self.context - len(prompt)),
-            seed=request_seed(self.seed, req.sample_id, len(req.tokens)), logprobs=0,
+            seed=request_seed(self.seed, req.sample_id, len(req.tokens), req.turn), logprobs=0,
             stop_token_ids=[self.eos_id] if self.eos_id is not None else None, ignore_eos=self.eos_id is None,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA)
@@ -205,7 +208,7 @@ class VllmEngine:
     def _retire(self, req: _Request, reason: FinishReason) -> Sample:
         self._known.discard(req.sample_id)
         return Sample(req.sample_id, tuple(req.prompt), tuple(req.tokens), tuple(req.logprobs), reason,
-                      self.version, req.submit_time, self.clock(), req.max_new)
+                      self.version, req.submit_time, self.clock(), req.max_new, turn=req.turn)
 
     # ---- migration --------------------------------------------------------------------------
 
@@ -225,7 +228,7 @@ class VllmEngine:
             for partial in partials:
                 check_resumable(partial, self.version)
                 req = self._check(partial.sample_id, list(partial.prompt_ids), partial.max_new_tokens,
-                                  list(partial.token_ids))
+                                  list(partial.token_ids), partial.turn)
                 req.logprobs, req.submit_time = list(partial.logprobs), partial.submit_time
                 reqs.append(req)
         except RequestError:
@@ -379,7 +382,8 @@ def _quiet_vllm() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 
-def request_seed(seed: int, sample_id: SampleId, position: int) -> int:
-    """vLLM's per-request seed: a function of the run's seed, the sample id and the tokens already
-    generated (a resumed partial draws from its own position on). Non-negative, below 2^63."""
-    return (key_prefix(seed, sample_id) ^ (position * 0x9E3779B97F4A7C15)) & (2**63 - 1)
+def request_seed(seed: int, sample_id: SampleId, position: int, turn: int = 0) -> int:
+    """vLLM's per-request seed: a function of the run's seed, the sample id (and an episode's turn)
+    and the tokens already generated (a resumed partial draws from its own position on).
+    Non-negative, below 2^63."""
+    return (turn_key_prefix(seed, sample_id, turn) ^ (position * 0x9E3779B97F4A7C15)) & (2**63 - 1)
