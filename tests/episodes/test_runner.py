@@ -140,7 +140,7 @@ def test_the_environment_ends_the_episode_and_its_rewards_join_the_reward_functi
     scored = with_env_rewards({sid: RewardResult(1.0, {"task": 1.0}) for sid in stats}, stats)
     assert [r.value for r in scored.values()] == [1.75, 2.5, 3.25]
     assert all(r.parts["env"] == stats[sid].env_reward for sid, r in scored.items())
-    metrics = episode_metrics(stats.values(), 0.0)
+    metrics = episode_metrics(stats.values())
     assert metrics["episode/turns_mean"] == 2.0 and metrics["episode/turns_max"] == 3
     assert metrics["episode/end_done"] == 3 and metrics["env_failures"] == 0
 
@@ -170,7 +170,7 @@ def test_hostile_environments_and_actions_end_their_own_episode_counted(make_run
         assert s.failure, attack
     honest = stats[-1]
     assert (honest.end, honest.turns, honest.env_reward, honest.failure) == ("max_turns", 4, 2.0, None)
-    assert episode_metrics(stats, 0.0)["env_failures"] == len(HOSTILE)
+    assert episode_metrics(stats)["env_failures"] == len(HOSTILE)
     reasons = {a: s.failure for a, s in zip(HOSTILE, stats)}
     assert "RuntimeError: boom" in reasons["crash"] and "timed out" in reasons["hang"]
     assert "not str" in reasons["number"] and "limit" in reasons["huge"], reasons

@@ -106,3 +106,34 @@ def test_timeline_data_holds_every_interval_once(tmp_path):
     data = timeline_data(events)
     assert len(data["intervals"]) == sum(e.get("devices", 1) for e in intervals)
     assert data["t1"] == pytest.approx(max(e["end"] for e in intervals), abs=1e-6)
+
+
+def test_report_of_a_multi_turn_run_shows_turns_and_environment_waits_per_device(tmp_path):
+    """Episode metrics (what a run with env.name logs) become the `episodes` section: turns, tokens,
+    environment time and failures summed over the steps, and each rollout device's turns and waits."""
+    with RunLog(tmp_path) as log:
+        for step in range(2):
+            log.event("step", step + 1.0, step=step, start=float(step), end=step + 1.0, rollout_s=0.6, train_s=0.4,
+                      sync_s=0.0, reward_mean=0.5, tokens=100, split=[2, 2])
+            log.metrics({"step": step, "reward_mean": 0.5, "step_s": 1.0, "tokens_per_s": 100.0,
+                         "episode/turns_mean": 2.0 + step, "episode/turns_max": 3 + step,
+                         "episode/model_tokens": 50, "episode/observation_tokens": 70, "episode/env_calls": 40,
+                         "episode/env_s": 1.5, "env_failures": step, "episode/tool_calls": 4, "episode/tool_errors": 1,
+                         "episode/end_done": 10, "episode/end_max_turns": 6 - step, "episode/end_env_failure": step,
+                         "episode/turns_by_device": {"0": 20, "1": 12 + step},
+                         "episode/env_wait_s_by_device": {"0": 0.25, "1": 0.5}})
+    page = draw_report(tmp_path)["html"].read_text()
+    section = page[page.index("<h2>episodes</h2>"):]
+    assert "mean 2.50, max 4" in section and "100 / 140" in section, section
+    assert "80 calls, 3.0 s summed; failures 1" in section and "4 (1 errors)" not in section
+    assert "8 (2 errors)" in section and "done 20" in section and "max_turns 11" in section
+    assert "<tr><td>0</td><td>40</td><td>0.5</td></tr>" in section
+    assert "<tr><td>1</td><td>25</td><td>1</td></tr>" in section
+
+
+def test_a_single_turn_run_has_no_episodes_section(tmp_path):
+    with RunLog(tmp_path) as log:
+        log.event("step", 1.0, step=0, start=0.0, end=1.0, rollout_s=0.6, train_s=0.4, sync_s=0.0,
+                  reward_mean=0.5, tokens=100, split=[2, 2])
+        log.metrics({"step": 0, "reward_mean": 0.5, "step_s": 1.0, "tokens_per_s": 100.0})
+    assert "<h2>episodes</h2>" not in draw_report(tmp_path)["html"].read_text()

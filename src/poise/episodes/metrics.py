@@ -25,7 +25,9 @@ def with_env_rewards(scored: Mapping[SampleId, RewardResult], stats: Mapping[Sam
     return out
 
 
-def episode_metrics(stats: Iterable[EpisodeStats], env_seconds: float) -> dict[str, float | int]:
+def episode_metrics(stats: Iterable[EpisodeStats], counters: Mapping[str, object] | None = None) -> dict:
+    """A step's episode metrics from its episodes' stats and the runner's step counters
+    (`EpisodeRunner.take_step_counters`: environment time, re-filled tokens, per-device turns and waits)."""
     stats = list(stats)
     n = max(1, len(stats))
     out: dict[str, float | int] = {
@@ -33,7 +35,6 @@ def episode_metrics(stats: Iterable[EpisodeStats], env_seconds: float) -> dict[s
         "episode/turns_max": max((s.turns for s in stats), default=0),
         "episode/model_tokens": sum(s.model_tokens for s in stats),
         "episode/observation_tokens": sum(s.observation_tokens for s in stats),
-        "episode/env_s": env_seconds,
         "episode/env_calls": sum(s.env_calls for s in stats),
         "env_failures": sum(1 for s in stats if s.end == "env_failure"),
         "episode/tool_calls": sum(s.tool_calls for s in stats),
@@ -41,6 +42,7 @@ def episode_metrics(stats: Iterable[EpisodeStats], env_seconds: float) -> dict[s
     }
     for end in ENDS:
         out[f"episode/end_{end}"] = sum(1 for s in stats if s.end == end)
+    out.update(counters or {})
     return out
 
 

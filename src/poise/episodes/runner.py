@@ -82,6 +82,12 @@ class EpisodeRunner:
         self._over: list[Sample] = []
         self.stats: dict[SampleId, EpisodeStats] = {}
         self.env_seconds = 0.0  # summed over calls, from submit to when a poll saw the answer
+        self.refill_tokens = 0  # tokens of history re-filled by the turns after the first (the KV rule)
+        # per rollout device: turns it generated, and the seconds from each of those turns' end to
+        # its episode's next turn (or end) being handed out: the environment's wait, device by device
+        self.turns_by_device: dict[int, int] = {}
+        self.wait_by_device: dict[int, float] = {}
+        self._turn_end: dict[SampleId, tuple[int, float]] = {}
         self.version = 0  # the weights version of the step's episodes (a stand-in for one that never ran)
 
     # ---- the caller's side -------------------------------------------------------------------
@@ -119,10 +125,15 @@ class EpisodeRunner:
         self._over = ended + self._over
         return turns
 
-    def turns_done(self, samples: Sequence[Sample]) -> None:
-        """Finished model turns: each goes to its environment (or ends its episode on the budget)."""
+    def turns_done(self, samples: Sequence[Sample], devices: Sequence[int] | None = None) -> None:
+        """Finished model turns (generated on `devices`, one each; default device 0): each goes to its
+        environment (or ends its episode on the budget)."""
         ids = []
-        for sample in samples:
+        now = self.clock()
+        for k, sample in enumerate(samples):
+            device = devices[k] if devices is not None else 0
+            self.turns_by_device[device] = self.turns_by_device.get(device, 0) + 1
+            self._turn_end[tuple(sample.sample_id)] = (device, now)
             episode = self.episodes[tuple(sample.sample_id)]
             # a turn that used up the budget still goes to the environment: it may reward the turn
             episode.add_turn(sample, self.codec.action_text(sample.token_ids))
@@ -193,13 +204,32 @@ class EpisodeRunner:
                     episode.end = episode.end or "max_turns"
                 elif not episode.over:
                     episode.add_observation(self.codec.observation_ids(observation))
+            self._waited(sid)
             if episode.over:
                 self._finish(episode)
             elif len(episode.prompt_ids) >= self.context - 1:
                 episode.end, episode.failure = "max_tokens", None
                 self._finish(episode)
             else:
-                self._ready.append(episode.request(self.max_new_tokens))
+                request = episode.request(self.max_new_tokens)
+                if episode.turn:
+                    self.refill_tokens += len(request.prompt_ids)
+                self._ready.append(request)
+
+    def _waited(self, sid: SampleId) -> None:
+        if sid in self._turn_end:
+            device, since = self._turn_end.pop(sid)
+            self.wait_by_device[device] = self.wait_by_device.get(device, 0.0) + self.clock() - since
+
+    def take_step_counters(self) -> dict[str, object]:
+        """The environment's time, the re-filled tokens and the per-device turns and waits since the
+        last call (a step's), reset to zero."""
+        out = {"episode/env_s": self.env_seconds, "episode/refill_tokens": self.refill_tokens,
+               "episode/turns_by_device": {str(d): n for d, n in sorted(self.turns_by_device.items())},
+               "episode/env_wait_s_by_device": {str(d): s for d, s in sorted(self.wait_by_device.items())}}
+        self.env_seconds, self.refill_tokens = 0.0, 0
+        self.turns_by_device, self.wait_by_device = {}, {}
+        return out
 
     def _finish(self, episode: Episode) -> None:
         del self.episodes[episode.sample_id]

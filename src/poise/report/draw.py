@@ -306,7 +306,7 @@ def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[
 
 
 def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
-    from poise.report.summary import run_summary
+    from poise.report.summary import episode_summary, run_summary
     from poise.report.timeline import timeline_section
 
     esc = lambda value: html.escape(str(value))  # noqa: E731 - every value read from the log
@@ -331,11 +331,18 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
         f"<td>{esc(d.get('reason'))}</td></tr>" for d in decisions)
     imgs = "".join(f'<h2>{esc(name.replace("_", " "))}</h2><img src="{esc(p.name)}" style="max-width:100%">'
                    for name, p in paths.items() if p.suffix == ".png")
+    episode_rows, episode_devices = episode_summary(run["metrics"])
+    episodes = (f"<h2>episodes</h2><table border=1 cellpadding=3 id='episodes'>"
+                + "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in episode_rows)
+                + "</table><table border=1 cellpadding=3 id='episode-devices'><tr><th>device</th><th>turns generated"
+                  "</th><th>environment wait after them, s</th></tr>"
+                + "".join(f"<tr><td>{esc(d)}</td><td>{esc(n)}</td><td>{esc(_num(w))}</td></tr>"
+                          for d, n, w in episode_devices) + "</table>") if episode_rows else ""
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>poise report: "
             f"{html.escape(run_dir.name)}</title></head><body style='font-family:sans-serif'>"
             f"<h1>{html.escape(str(run_dir))}</h1>"
             f"<h2>summary</h2><table border=1 cellpadding=3 id='summary'>{summary_rows}</table>"
-            + eval_table
+            + eval_table + episodes
             + (f"<h2>simulator summary</h2><table border=1 cellpadding=3>{simulated}</table>" if simulated else "")
             + f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>before step</th>"
             f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"

@@ -98,3 +98,30 @@ def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]
     reward_failures = sum(1 for e in events if e.get("kind") == "reward_failure")
     rows.append(("failures", f"workers lost and recovered: {recoveries}; reward calls failed: {reward_failures}"))
     return rows
+
+
+def episode_summary(metrics: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, int, float]]]:
+    """A multi-turn run's (env.name) summary rows (turns, tokens, environment time and failures, tool
+    calls, why episodes ended) and its per-device rows (device, turns generated, environment wait
+    seconds after those turns); both empty for a single-turn run."""
+    rows_with = [m for m in metrics if "episode/turns_mean" in m]
+    if not rows_with:
+        return [], []
+    total = lambda key: sum(float(m.get(key) or 0) for m in rows_with)  # noqa: E731
+    turns = sum(m["episode/turns_mean"] for m in rows_with) / len(rows_with)
+    rows = [("turns per episode", f"mean {turns:.2f}, max {max(m['episode/turns_max'] for m in rows_with)}"),
+            ("model / observation tokens", f"{int(total('episode/model_tokens'))} / "
+                                           f"{int(total('episode/observation_tokens'))}"),
+            ("environment", f"{int(total('episode/env_calls'))} calls, {total('episode/env_s'):.1f} s summed; "
+                            f"failures {int(total('env_failures'))}"),
+            ("tool calls", f"{int(total('episode/tool_calls'))} ({int(total('episode/tool_errors'))} errors)"),
+            ("episodes ended by", ", ".join(f"{k[len('episode/end_'):]} {int(total(k))}" for k in sorted(rows_with[0])
+                                           if k.startswith("episode/end_")))]
+    turns_by, waits_by = {}, {}
+    for m in rows_with:
+        for d, n in (m.get("episode/turns_by_device") or {}).items():
+            turns_by[d] = turns_by.get(d, 0) + int(n)
+        for d, w in (m.get("episode/env_wait_s_by_device") or {}).items():
+            waits_by[d] = waits_by.get(d, 0.0) + float(w)
+    devices = [(d, turns_by.get(d, 0), waits_by.get(d, 0.0)) for d in sorted(set(turns_by) | set(waits_by), key=int)]
+    return rows, devices

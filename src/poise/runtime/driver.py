@@ -258,6 +258,7 @@ class Driver:
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
         self.evaluation = RolloutEvaluation.of(cfg, source)  # eval.every: held-out problems between steps
         self.episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (poise.episodes)
+        self.episode_counters: dict[int, dict] = {}  # per generated step, until logged
         if cfg.env.path is not None:
             self.episodes = EpisodeRunner(cfg.env, source.rewards, TurnCodec(source.tokenizer, cfg.data.chat_template),
                                           cfg.algorithm.sampling.max_new_tokens, runtime.spec.rollout.max_context,
@@ -495,13 +496,14 @@ class Driver:
             for batch in self.rt.service.stream(heartbeat=True):
                 if batch:
                     self.injector.at(self.rt, "generate", step)
-                    runner.turns_done(batch)
+                    runner.turns_done(batch, [self.rt.service.instance_of[s.sample_id] for s in batch])
                 hand_out(0.0)
             if runner.active:  # nothing generating: every live episode waits for its environment
                 hand_out(SCORE_WAIT_S)
         for batch, rewards in pending:
             scored += self.take_episodes(batch, rewards, stream_to_trainer)
         self.rt.service.observe([s for s, _ in scored])
+        self.episode_counters[step] = runner.take_step_counters()  # this generation's (in async: step k+1's)
         return scored
 
     def take_episodes(self, batch: list[Sample], rewards: PendingRewards, stream_to_trainer: bool
@@ -691,8 +693,7 @@ class Driver:
         row.update(reward_metrics(r for _, r in results))  # reward/<function> means, reward_failures
         if self.episodes is not None:  # turns, model and observation tokens, environment time and failures
             row.update(episode_metrics([self.episodes.stats.pop(s.sample_id) for s in samples],
-                                       self.episodes.env_seconds))
-            self.episodes.env_seconds = 0.0
+                                       self.episode_counters.pop(step, None)))
         log_failures(log, t_gen, step, results, self.cfg.reward.fallback)
         rel = lambda wall: wall - self.t0  # noqa: E731 - workers report wall-clock times
         for device, start, end in self.rt.service.busy.get(step, []):

@@ -194,8 +194,7 @@ class ColocatedLoop:
         metrics.update(dynamic)
         if self.episodes is not None:
             metrics.update(episode_metrics([self.episodes.stats.pop(s.sample_id) for s in samples],
-                                           self.episodes.env_seconds))
-            self.episodes.env_seconds = 0.0
+                                           self.episodes.take_step_counters()))
         if self.cfg.algorithm.overlong_buffer:
             metrics["reward/overlong"] = sum(self.shaped(s, 0.0) for s in samples) / len(samples)
         log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)
