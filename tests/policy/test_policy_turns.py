@@ -7,7 +7,10 @@ import random
 import pytest
 
 from poise.errors import ConfigError
+from poise.policy.allocator import StepWorkload, predict_step
+from poise.policy.controller import ControllerConfig, ResizeController, StepObservation
 from poise.policy.cost import CostConfig, CostModel, ContinuousBatch, instance_finish_times
+from poise.policy.split import Split
 from poise.policy.turns import EpisodeWork, deal_longest_first, episode_times
 
 
@@ -27,6 +30,7 @@ def test_one_slot_two_episodes_of_two_turns_by_hand():
     assert refill.turn_finish == [pytest.approx([0.03, 0.117]), pytest.approx([0.06, 0.154])]
     assert refill.finish == pytest.approx([0.167, 0.204])  # + the last environment call
     assert refill.busy_s == pytest.approx([0.134])
+    assert refill.slot_s == pytest.approx([0.08])  # 4 turns x 2 decode steps x 1 sequence
     hold = episode_times(tiny(), eps, [[0, 1]], [1], rule="hold")
     # A keeps the slot: A0 -> 0.03, waits to 0.08, A1 prefills only the observation (0.005) -> 0.105,
     # and the slot frees when A's last call answers (0.155); B then runs the same way.
@@ -101,3 +105,36 @@ def test_bad_episode_shapes_are_one_line_errors():
         EpisodeWork(10, (), (), ())
     with pytest.raises(ConfigError, match="slots"):
         episode_times(tiny(), [EpisodeWork(1, (1,), (), (0.0,))], [[0]], [1], rule="keep")
+
+
+def agent_step(slots: str = "refill", latency: float = 3.0, n: int = 64) -> StepWorkload:
+    eps = tuple(EpisodeWork(100, (200, 200, 200), (50, 50), (latency,) * 3) for _ in range(n))
+    return StepWorkload(tuple(e.model_tokens for e in eps), 100, eps, slots)
+
+
+def test_the_allocator_prices_turns_and_environment_waits():
+    cost = CostModel()
+    refill, hold = agent_step("refill"), agent_step("hold")
+    plain = StepWorkload(refill.output_lengths, 100)
+    p_refill, p_hold, p_plain = (predict_step(cost, w, Split(2, 2), "sync", 1, 16) for w in (refill, hold, plain))
+    assert p_plain.rollout_s < p_refill.rollout_s < p_hold.rollout_s
+    assert p_refill.rollout_s > 9.0  # three 3 s environment calls after an episode's turns
+    assert p_hold.rollout_s > 2 * 9.0  # 64 episodes in 2 x 16 held slots: two waves at least
+    assert refill.tokens == 64 * (100 + 600 + 100) and p_refill.train_s > p_plain.train_s  # observations train
+
+
+def test_the_controller_sees_that_environment_waits_do_not_shrink_with_rollout_devices():
+    cost = CostModel(CostConfig(decode_base_s=0.01, decode_per_seq_s=0.0, decode_per_kv_token_s=0.0,
+                                prefill_per_token_s=0.0, train_per_token_s=1e-4, train_fixed_s=0.0,
+                                train_allreduce_s=0.0, weight_bytes=0.0, sync_latency_s=0.0))
+    splits = [Split(2, 6), Split(4, 4), Split(6, 2)]
+    ctl = ResizeController(ControllerConfig(window=1), cost, "sync", "live", splits, batch_cap=16)
+    work = agent_step(latency=10.0, n=192)
+    seen = dict(step=0, now=36.0, split=Split(2, 6), rollout_s=35.0, train_s=1.0, step_s=36.0,
+                output_lengths=work.output_lengths, prompt_len=100)
+    plain = ctl.predictions(StepObservation(**seen))
+    agent = ctl.predictions(StepObservation(**seen, episodes=work.episodes, slots=work.slots))
+    assert plain[Split(2, 6)] == pytest.approx(agent[Split(2, 6)])  # both calibrated to what was seen
+    # lengths alone: 3x the instances, a third of the waves; with 30 s of waits, far less gained
+    assert plain[Split(6, 2)] < 0.5 * plain[Split(2, 6)]
+    assert agent[Split(6, 2)] > 0.75 * agent[Split(2, 6)]

@@ -79,6 +79,7 @@ class EpisodeTimes:
     instance: list[int]  # per episode: the instance of its last turn
     turn_finish: list[list[float]]  # per episode, per turn: when the model turn finished
     busy_s: list[float]  # per instance: seconds it prefilled or decoded
+    slot_s: list[float]  # per instance: decode seconds times the sequences decoding then (slot-seconds used)
     end: list[float]  # per instance: when its last turn finished (its start if it ran none)
 
 
@@ -90,6 +91,7 @@ class _Instance:
         self.queue: deque[tuple[int, int]] = deque()  # (episode, turn), FIFO
         self.held = 0  # slots kept by episodes waiting for their environment (hold)
         self.busy = 0.0
+        self.slot_s = 0.0
         self.version = 0  # bumps whenever its next finish is rescheduled
 
     @property
@@ -122,23 +124,26 @@ class _Schedule:
             t, _, kind, a, b = heapq.heappop(self.events)
             if kind == _WAKE:
                 if b == self.inst[a].version:
+                    live = self.inst[a].batch.live
                     seconds, done = self.inst[a].batch.advance()
-                    self.ran(a, seconds, done)
+                    self.ran(a, seconds, done, live)
                     self.admit(a)
             else:
                 self.answered(a, b, t)
         return EpisodeTimes(self.finish, list(self.where), self.turn_finish, [i.busy for i in self.inst],
-                            [i.end for i in self.inst])
+                            [i.slot_s for i in self.inst], [i.end for i in self.inst])
 
     def push(self, t: float, kind: int, a: int, b: int) -> None:
         heapq.heappush(self.events, (t, self.seq, kind, a, b))
         self.seq += 1
 
-    def ran(self, i: int, seconds: float, done: list[tuple[int, int]]) -> None:
-        """Instance `i` decoded `seconds`; the turns in `done` finished then and call their environment."""
+    def ran(self, i: int, seconds: float, done: list[tuple[int, int]], live: int) -> None:
+        """Instance `i` decoded `seconds` with `live` sequences; the turns in `done` finished then and
+        call their environment."""
         inst = self.inst[i]
         inst.t += seconds
         inst.busy += seconds
+        inst.slot_s += seconds * live
         for ep, turn in done:
             self.turn_finish[ep][turn] = inst.end = inst.t
             if self.rule == "hold":
@@ -189,8 +194,9 @@ class _Schedule:
         if not inst.batch.live:
             inst.t = max(inst.t, t)
         elif inst.t < t:
+            live = inst.batch.live
             seconds, done = inst.batch.advance(t - inst.t)
-            self.ran(i, seconds, done)
+            self.ran(i, seconds, done, live)
 
 
 def episode_times(cost: CostModel, episodes: Sequence[EpisodeWork], queues: Sequence[Sequence[int]],
