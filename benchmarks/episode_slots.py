@@ -22,9 +22,10 @@ Figures per scheme: makespan (first turn to last answer), generated tokens per s
 decoding a sequence: the batch the device fills). Ratios are Poise / naive. Device busy hardly
 differs: a naive engine keeps stepping with the one or two of its episodes not waiting, and a
 memory-bound decode step costs nearly as much for one sequence as for eight; slots busy and
-tokens per second show what those steps yield. Departures in (b): the emulated engine admits a
-turn that arrives mid-decode at the next finish, not the next step, and the environment answers
-a batch of turns together (as the sandbox does): both cost Poise, not the naive scheme. Writes
+tokens per second show what those steps yield. Departures of (b) from (a), in both schemes: the
+emulated engine admits a turn that arrives mid-decode at its next finish, not its next step, and
+the turns that finish together go to the environment as one batch answered as one (the sandbox's
+way). Writes
 bench-results/episode_slots-<timestamp>.json.
 """
 
