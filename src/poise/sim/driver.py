@@ -11,7 +11,10 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              instance, as the runtime's stream generation service does) -> each instance runs
              continuous batching (policy.cost kernel); every sample's finish time is exact on
              the virtual clock. With pipeline.assist (sync) the train devices are instances too,
-             after the rollout ones, and each trains once its own generation is over.
+             after the rollout ones, and each trains once its own generation is over. With
+             workload.episode each sample is a multi-turn episode (policy/turns.py): its first
+             turn as dispatched, later turns where the slot rule sends them after each
+             environment wait; it is done when its last environment call answers.
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
@@ -44,8 +47,7 @@ from typing import Any, Sequence
 from poise.policy.allocator import DevicePlan, StepWorkload, allocate, plan_devices
 from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel, instance_finish_times, percentile
-from poise.policy.dispatch import DispatchPlan
-from poise.policy.dispatch import InstanceInfo, build_dispatch
+from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
 from poise.policy.plan import StepPlan, plan_step, tail_shares
 from poise.policy.rankers import Finished, Prompt
