@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Sequence
 
 from poise.errors import PoiseError
-from poise.policy.allocator import StepWorkload, allocate
+from poise.policy.allocator import allocate
 from poise.policy.split import all_splits, parse_splits
+from poise.policy.turns import EpisodeWork
 from poise.sim import load_scenario, simulate
 from poise.sim.driver import Simulation, make_cost
 
@@ -43,12 +45,13 @@ def run(args: argparse.Namespace) -> int:
     c = sc.cluster
     cost = make_cost(sc)
     sim = Simulation(sc)
-    works = [StepWorkload(tuple(s.output_length for s in sim.workload.step(k)), sim.prompt_len)
-             for k in range(min(4, steps))]
+    works = [sim.step_workload(sim.workload.step(k)) for k in range(min(4, steps))]  # an agent job: its episodes
     # Every split is a static candidate (resize.allowed_splits only limits the controller).
     alloc = allocate(cost, works, c.devices, sc.kind, c.devices_per_instance, c.batch_caps or (c.batch_cap,),
                      None, sim.micro_batches)
     print(f"plan for {base.name}: {c.devices} devices, mode {sc.kind}, {steps} steps")
+    if works[0].episodes:
+        print(episode_line(works[0].episodes, sc.workload.episode.slots))  # type: ignore[union-attr]
     print(f"allocator (first steps): split {alloc.split}, batch cap {alloc.batch_cap}, "
           f"predicted {alloc.predicted.step_s:.1f} s/step "
           f"(rollout {alloc.predicted.rollout_s:.1f}, train {alloc.predicted.train_s:.1f})")
@@ -86,6 +89,14 @@ def run(args: argparse.Namespace) -> int:
                     (f", break-even {be:.1f} steps" if be is not None else "")
         print(f"{mode} resizing {verdict}: {gain:+.1%} throughput vs the recommended static split{extra}")
     return 0
+
+
+def episode_line(episodes: Sequence[EpisodeWork], slots: str) -> str:
+    """What an agent job's first step asks for: turns and environment seconds per episode."""
+    turns = sum(len(e.turns) for e in episodes) / len(episodes)
+    wait = sum(sum(e.env_s) for e in episodes) / len(episodes)
+    return (f"agent episodes: {len(episodes)} a step, {turns:.1f} turns and {wait:.1f} s of environment calls "
+            f"each (mean); slots: {slots}")
 
 
 def plan_device_types(args: argparse.Namespace, steps: int, common: list[str]) -> int:

@@ -6,6 +6,8 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   split.py       Split(rollout, train), all_splits
   cost.py        CostModel / CostConfig: decode, prefill, train, weight sync, resize phases;
                  ContinuousBatch (the continuous-batching kernel), instance_finish_times
+  turns.py       EpisodeWork, episode_times: multi-turn episodes on continuous batching, the slot
+                 freed during environment waits (refill) or held (the naive scheme)
   allocator.py   allocate(): initial split and batch cap (StreamRL §4.2); predict_step();
                  plan_devices(): per-type split for a budget, by throughput per dollar (§7.3)
   devices.py     DeviceType (presets h20, h800, h100, a100), Link, Fleet: device types, groups
@@ -40,6 +42,7 @@ from poise.policy.scale import (ScaleConfig, ScaleController, ScaleDecision, Sca
                                 ScheduledJoins, StaticPool, make_scale_policy)
 from poise.policy.plan import MiniBatch, MicroStats, StepPlan, plan_step, step_stats
 from poise.policy.split import Split, all_splits
+from poise.policy.turns import EpisodeTimes, EpisodeWork, episode_times
 
 __all__ = [
     "DevicePlan", "DeviceSplit", "plan_devices", "PRESETS", "DeviceType", "Fleet", "Link",
@@ -55,4 +58,5 @@ __all__ = [
     "ScaleConfig", "ScaleController", "ScaleDecision", "ScaleObservation", "ScalePolicy", "ScheduledJoins",
     "StaticPool", "make_scale_policy",
     "MiniBatch", "MicroStats", "StepPlan", "plan_step", "step_stats",
+    "EpisodeTimes", "EpisodeWork", "episode_times",
 ]

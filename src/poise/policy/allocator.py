@@ -30,20 +30,27 @@ from poise.policy.cost import CostModel, instance_finish_times
 from poise.policy.devices import Fleet
 from poise.policy.pipeline import PIPELINE_KINDS
 from poise.policy.split import Split, all_splits
+from poise.policy.turns import EpisodeWork, deal_longest_first, episode_times
 
 PipelineMode = Literal["sync", "stream", "async"]
 
 
 @dataclass(frozen=True)
 class StepWorkload:
-    """What one RL step asks for: every sample's output length and the prompt length."""
+    """What one RL step asks for: every sample's output length and the prompt length; for an
+    agent job, every sample's episode (its turns, observations and environment seconds) and the
+    slot rule (policy/turns.py), which then price generation instead of the lengths."""
 
     output_lengths: tuple[int, ...]
     prompt_len: int
+    episodes: tuple[EpisodeWork, ...] = ()
+    slots: str = "refill"
 
     @property
     def tokens(self) -> int:
-        """Tokens the trainer processes: prompt + response of every sample."""
+        """Tokens the trainer processes: prompt + response of every sample (and observations)."""
+        if self.episodes:
+            return sum(e.tokens for e in self.episodes)
         return sum(self.output_lengths) + self.prompt_len * len(self.output_lengths)
 
 
@@ -90,7 +97,11 @@ def predict_step(cost: CostModel, work: StepWorkload, split: Split, mode: str,
 
 
 def _rollout_finish(cost: CostModel, work: StepWorkload, instances: int, batch_cap: int) -> list[float]:
-    """Finish times of the requests of instance 0 of a longest-first deal (the makespan's)."""
+    """Finish times of the requests of instance 0 of a longest-first deal (the makespan's); with
+    episodes, of every episode (their later turns move between instances), environment waits included."""
+    if work.episodes:
+        queues = deal_longest_first(work.episodes, instances)
+        return episode_times(cost, work.episodes, queues, [batch_cap] * instances, 0.0, work.slots).finish
     ordered = sorted(work.output_lengths, reverse=True)[::instances]
     return instance_finish_times(cost, ordered, [work.prompt_len] * len(ordered), batch_cap)
 

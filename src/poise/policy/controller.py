@@ -49,6 +49,7 @@ from typing import Any, Literal, Protocol, Sequence
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
 from poise.policy.split import Split, parse_splits
+from poise.policy.turns import EpisodeWork
 from poise.schema import check, help_field
 
 
@@ -159,6 +160,8 @@ class StepObservation:
     output_lengths: tuple[int, ...]
     prompt_len: int
     sync_s: float | None = None  # measured weight sync; None: the cost model's
+    episodes: tuple[EpisodeWork, ...] = ()  # an agent job's episodes (policy/turns.py), priced turn by turn
+    slots: str = "refill"  # their slot rule
 
 
 @dataclass(frozen=True)
@@ -243,7 +246,7 @@ class ResizeController:
     def predictions(self, obs: StepObservation) -> dict[Split, float]:
         """Predicted step seconds of every allowed split (and the current one) for the workload
         of `obs`, calibrated so the observed split's stage times equal the observed ones."""
-        work = StepWorkload(obs.output_lengths, obs.prompt_len)
+        work = StepWorkload(obs.output_lengths, obs.prompt_len, obs.episodes, obs.slots)
         splits = set(self.allowed) | {obs.split}
         raw = {s: predict_step(self.cost, work, s, self.pipeline_mode, self.devices_per_instance,
                                self.batch_cap, self.micro_batches) for s in splits}

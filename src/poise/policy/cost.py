@@ -372,9 +372,10 @@ class ContinuousBatch:
     def free(self) -> int:
         return self.cap - len(self._live)
 
-    def admit(self, key: Any, prompt_len: int, length: int) -> float:
-        """Start `key` (a `prompt_len`-token prompt that will generate `length` tokens, at least 1);
-        returns its prefill seconds."""
+    def admit(self, key: Any, prompt_len: int, length: int, prefill_tokens: int | None = None) -> float:
+        """Start `key` (a `prompt_len`-token context that will generate `length` tokens, at least 1);
+        returns its prefill seconds: of the whole context, or of `prefill_tokens` of it when the
+        rest is still cached (an episode that kept its slot)."""
         if len(self._live) >= self.cap:
             raise RuntimeError(f"continuous batch: all {self.cap} slots are live; advance before admitting")
         base = prompt_len - self._step
@@ -382,16 +383,30 @@ class ContinuousBatch:
         heapq.heappush(self._live, (self._step + max(1, int(length)), self._admitted, base, key))
         self._admitted += 1
         self._ctx_base += base
-        return self._prefill(prompt_len)
+        return self._prefill(prompt_len if prefill_tokens is None else prefill_tokens)
 
-    def advance(self) -> tuple[float, list[Any]]:
-        """Decode until the next sequence finishes: (seconds, the keys that finished then)."""
+    def next_finish_s(self) -> float:
+        """Seconds of decode up to the next finish (what `advance()` would take), 0 when empty."""
+        if not self._live:
+            return 0.0
+        b, step = len(self._live), self._step
+        return self._segment(b, self._ctx_base + b * step, self._live[0][0] - step)
+
+    def advance(self, limit_s: float | None = None) -> tuple[float, list[Any]]:
+        """Decode until the next sequence finishes: (seconds, the keys that finished then). With
+        `limit_s`, stop instead at the first step boundary at or after `limit_s` seconds when that
+        comes first: where a request that arrived meanwhile joins the batch (iteration-level)."""
         if not self._live:
             return 0.0, []
         live, step = self._live, self._step
         end = live[0][0]
         b = len(live)
-        seconds = self._segment(b, self._ctx_base + b * step, end - step)
+        ctx = self._ctx_base + b * step
+        if limit_s is not None and self._segment(b, ctx, end - step) > limit_s:
+            steps = self._steps_to_reach(b, ctx, end - step, limit_s)
+            self._step = step + steps
+            return self._segment(b, ctx, steps), []
+        seconds = self._segment(b, ctx, end - step)
         self._step = end
         done = []
         while live and live[0][0] == end:
@@ -401,6 +416,17 @@ class ContinuousBatch:
             done.append(key)
         return seconds, done
 
+    def _steps_to_reach(self, batch: int, ctx_sum: float, most: int, limit_s: float) -> int:
+        """The fewest decode steps (1..`most`) whose segment takes at least `limit_s` seconds
+        (a binary search: the segment grows with its steps)."""
+        lo, hi = 1, most
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._segment(batch, ctx_sum, mid) >= limit_s:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def drain(self) -> list[tuple[Any, int]]:
         """Remove every live sequence (an abort); returns (key, tokens generated so far) each."""

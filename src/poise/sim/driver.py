@@ -11,7 +11,10 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              instance, as the runtime's stream generation service does) -> each instance runs
              continuous batching (policy.cost kernel); every sample's finish time is exact on
              the virtual clock. With pipeline.assist (sync) the train devices are instances too,
-             after the rollout ones, and each trains once its own generation is over.
+             after the rollout ones, and each trains once its own generation is over. With
+             workload.episode each sample is a multi-turn episode (policy/turns.py): its first
+             turn as dispatched, later turns where the slot rule sends them after each
+             environment wait; it is done when its last environment call answers.
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
@@ -44,12 +47,13 @@ from typing import Any, Sequence
 from poise.policy.allocator import DevicePlan, StepWorkload, allocate, plan_devices
 from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import CostModel, instance_finish_times, percentile
-from poise.policy.dispatch import InstanceInfo, build_dispatch
+from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
 from poise.policy.plan import StepPlan, plan_step, tail_shares
 from poise.policy.rankers import Finished, Prompt
 from poise.policy.scale import ScaleDecision, ScaleObservation, first_step_served, make_scale_policy
 from poise.policy.split import Split, parse_splits
+from poise.policy.turns import episode_times
 from poise.runlog import RunLog
 from poise.schema import dump
 from poise.sim.scenario import ScenarioConfig
@@ -157,8 +161,7 @@ class Simulation:
         if self.split is None:
             # What a user knows before the run: the first few steps' lengths (e.g. from a trace or
             # a dry run of the initial policy).
-            works = [StepWorkload(tuple(s.output_length for s in self.workload.step(k)), self.prompt_len)
-                     for k in range(min(4, sc.steps))]
+            works = [self.step_workload(self.workload.step(k)) for k in range(min(4, sc.steps))]
             fleet = sc.fleet()
             if fleet is not None:  # device types: the planner picks each role's type and count
                 dplan = plan_devices(self.cost, fleet, works, sc.kind, c.budget_per_hour, self.tp,
@@ -261,6 +264,13 @@ class Simulation:
             (self.run_dir / "summary.json").write_text(json.dumps(summary.as_dict(), indent=1))
         return summary
 
+    def step_workload(self, samples: list[SimSample]) -> StepWorkload:
+        """What the allocator and the controller price of a step: lengths, or an agent job's episodes."""
+        episode = self.sc.workload.episode
+        return StepWorkload(tuple(s.output_length for s in samples), self.prompt_len,
+                            tuple(s.episode for s in samples if s.episode is not None),
+                            episode.slots if episode else "refill")
+
     # --- phases ---------------------------------------------------------------------------
     def trained(self, samples: list[SimSample], finish: list[float]) -> tuple[list[SimSample], list[float]]:
         """Dynamic sampling (workload.drop_rate): the groups that train, each relabelled to its slot
@@ -313,6 +323,8 @@ class Simulation:
         queues: dict[int, list[int]] = {i: [] for i in range(n_inst + n_lent)}
         for group, inst in plan.order:  # a prompt's samples follow it, in sample-index order
             queues[inst] += members[group]
+        if self.sc.workload.episode is not None:
+            return self.generate_episodes(k, samples, start, queues, plan, n_inst)
         finish = [0.0] * len(samples)
         instance_of = [0] * len(samples)
         admitted = [0.0] * len(samples)
@@ -339,6 +351,33 @@ class Simulation:
                            tail_instances=list(plan.tail_instances))
         self._partial = {}
         return finish, instance_of, admitted
+
+    def generate_episodes(self, k: int, samples: list[SimSample], start: float, queues: dict[int, list[int]],
+                          plan: DispatchPlan, n_inst: int) -> tuple[list[float], list[int], list[float]]:
+        """`generate` for multi-turn episodes (policy/turns.py): the first turns as dispatched, each
+        later turn where the slot rule sends it; a sample is done when its last environment call
+        answers. An instance is busy only while it prefills or decodes, not while episodes wait."""
+        n = len(queues)
+        begins = [start if i >= n_inst else max(start, self._ready(i)) for i in range(n)]
+        rule = self.sc.workload.episode.slots  # type: ignore[union-attr]
+        times = episode_times(self.cost, [s.episode for s in samples], [queues[i] for i in range(n)],  # type: ignore[misc]
+                              [plan.batch_caps[i] for i in range(n)], begins, rule)
+        self._lent_end = {}
+        for inst in range(n):
+            if not queues[inst] and not times.busy_s[inst]:
+                continue
+            lent = inst >= n_inst
+            self._busy["rollout"] += times.busy_s[inst] * self.tp
+            first = self.split.rollout + (inst - n_inst) * self.tp if lent else None
+            self._interval_instance(inst, "rollout", "generate", k, begins[inst], times.end[inst], first)
+            if lent:
+                self._lent_end.update(dict.fromkeys(range((inst - n_inst) * self.tp,
+                                                          (inst - n_inst + 1) * self.tp), times.end[inst]))
+        if plan.tail_instances or self.sc.dispatch.policy == "skew_aware":
+            self.log.event("decision", start, what="dispatch", step=k, reason=plan.reason,
+                           tail_instances=list(plan.tail_instances))
+        self._partial = {}
+        return times.finish, times.instance, [start] * len(samples)
 
     def resume(self, k: int, samples: list[SimSample], finish: list[float], admitted: list[float],
                instance_of: list[int], abort_at: float, start: float) -> tuple[list[float], list[int]]:
@@ -380,7 +419,7 @@ class Simulation:
         k = samples[0].sample_id[0]
         mini = self.plan(samples, t_dev).minis[0]
         # tokens forward/backward processes per micro-batch (a replayed trace's holes weigh nothing)
-        size = {s.sample_id: s.output_length + s.prompt_len for s in samples}
+        size = {s.sample_id: s.tokens for s in samples}
         tokens = [sum([size.get(sid, 0) for sid in ids]) for ids in mini.micro]
         stream = self.sc.kind == "stream"
         ready: list[float] = []  # stream: when each micro-batch's last sample is in (otherwise all at gen_end)
@@ -434,8 +473,10 @@ class Simulation:
             # The step that absorbed a resize mixes two splits (in async its generation ran on
             # the old one): nothing the controller should calibrate on, and it is in cooldown.
             return None
+        work = self.step_workload(samples)
         obs = StepObservation(rec.step, rec.train_end, rec.split, rec.rollout_s, rec.train_s, rec.step_s,
-                              tuple(s.output_length for s in samples), _mean_prompt_len(samples))
+                              work.output_lengths, _mean_prompt_len(samples), episodes=work.episodes,
+                              slots=work.slots)
         decision = self.controller.observe(obs)
         self.decisions.append(decision)
         if decision.action == "resize" or decision.signal:

@@ -102,6 +102,8 @@ class ScenarioConfig:
               "pipelining) or async")
         check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
               "needs pipeline.mode=sync (in async the rollout devices generate the next step); set it false")
+        check(self.workload.episode is None or self.resize.inflight == "drain", "resize.inflight",
+              self.resize.inflight, "aborting episodes mid-turn is not simulated yet: use drain with workload.episode")
         fleet = self.fleet()
         if fleet is not None:
             check(self.resize.policy == "static" and not self.resize.schedule and not self.scale.active,

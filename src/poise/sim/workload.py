@@ -10,6 +10,10 @@ Two sources with one interface, `workload.step(k) -> list[SimSample]`:
 - `TraceWorkload`: a JSONL trace, one sample per line: {"prompt_id", "step", "output_length"}
   (optional "prompt_length"), e.g. exported from a real run's `sample` events.
 
+With `episode:` (parametric only) every sample is a multi-turn episode (DESIGN.md, Episodes): its
+turns, observation tokens and environment seconds are drawn per episode, and a family's length
+law becomes the law of one model turn (each turn its own noise around the prompt's length).
+
 Both are deterministic functions of (seed, step): a `random.Random` per step, no global state.
 """
 
@@ -25,6 +29,7 @@ from typing import Literal
 from poise.errors import DataError
 from poise.policy.rankers import Prompt
 from poise.policy.seeds import stable_seed
+from poise.policy.turns import SLOT_RULES, EpisodeWork, SlotRule
 from poise.schema import check, help_factory, help_field
 
 
@@ -60,6 +65,55 @@ class PhaseConfig:
 
 
 @dataclass(frozen=True)
+class DrawConfig:
+    """A distribution: one number per draw."""
+
+    dist: Literal["fixed", "uniform", "lognormal", "exponential"] = help_field("fixed", "the law")
+    value: float = help_field(1.0, "fixed: the value; lognormal: the median; exponential: the mean")
+    low: float = help_field(0.0, "uniform: the lowest value")
+    high: float = help_field(0.0, "uniform: the highest value")
+    sigma: float = help_field(0.5, "lognormal: sigma")
+
+    def validate(self, key: str) -> None:
+        check(self.value >= 0, f"{key}.value", self.value, "must be >= 0")
+        check(self.sigma >= 0, f"{key}.sigma", self.sigma, "must be >= 0")
+        check(self.dist != "uniform" or 0 <= self.low <= self.high, f"{key}.low", [self.low, self.high],
+              "uniform needs 0 <= low <= high")
+
+    def draw(self, rng: random.Random) -> float:
+        if self.dist == "uniform":
+            return rng.uniform(self.low, self.high)
+        if self.dist == "lognormal":
+            return self.value * math.exp(self.sigma * rng.gauss(0.0, 1.0))
+        if self.dist == "exponential":
+            return rng.expovariate(1.0 / self.value) if self.value > 0 else 0.0
+        return self.value
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """Multi-turn episodes: each sample is a prompt, then model turns and environment observations
+    alternating; the environment runs off the device for `env_latency_s` after every turn."""
+
+    turns: DrawConfig = help_factory(lambda: DrawConfig("fixed", 4.0), "model turns per episode (rounded, "
+                                     "1 .. max_turns)")
+    max_turns: int = help_field(16, "most model turns an episode takes (env.max_turns)")
+    observation_tokens: DrawConfig = help_factory(lambda: DrawConfig("fixed", 64.0), "tokens the environment "
+                                                  "appends after each turn but the last (rounded)")
+    env_latency_s: DrawConfig = help_factory(lambda: DrawConfig("fixed", 1.0), "seconds of each environment "
+                                             "call (one after every model turn; the last says done)")
+    slots: SlotRule = help_field("refill", "refill: a finished turn frees its slot and the next turn re-fills "
+                                 "the episode so far on the least busy instance (Poise); hold: the episode keeps "
+                                 "its slot through every environment wait (the naive scheme, for comparison)")
+
+    def __post_init__(self) -> None:
+        check(self.max_turns >= 1, "workload.episode.max_turns", self.max_turns, "must be >= 1")
+        check(self.slots in SLOT_RULES, "workload.episode.slots", self.slots, f"allowed: {', '.join(SLOT_RULES)}")
+        for name in ("turns", "observation_tokens", "env_latency_s"):
+            getattr(self, name).validate(f"workload.episode.{name}")
+
+
+@dataclass(frozen=True)
 class WorkloadConfig:
     prompts_per_step: int = help_field(64, "prompts per RL step")
     samples_per_prompt: int = help_field(8, "samples per prompt (the GRPO group size)")
@@ -73,6 +127,8 @@ class WorkloadConfig:
                                        "whose rewards are all equal; each is dropped and one more group drawn, up to "
                                        "4 x prompts_per_step groups a step: all are generated (and priced), "
                                        "prompts_per_step groups train")
+    episode: EpisodeConfig | None = help_field(None, "multi-turn episodes (null: one model turn per sample); "
+                                               "a family's length law is then that of one model turn")
 
     def __post_init__(self) -> None:
         check(self.prompts_per_step >= 1, "workload.prompts_per_step", self.prompts_per_step, "must be >= 1")
@@ -83,6 +139,8 @@ class WorkloadConfig:
         check(0 <= self.drop_rate < 1, "workload.drop_rate", self.drop_rate, "must be in [0, 1)")
         check(not (self.drop_rate and self.trace), "workload.drop_rate", self.drop_rate,
               "applies to the parametric workload; a trace replays what it recorded: set it 0")
+        check(not (self.episode and self.trace), "workload.episode", "set",
+              "applies to the parametric workload; a trace replays single-turn samples: set it null")
         check(len(self.phases) >= 1, "workload.phases", [], "give at least one phase")
         for i, p in enumerate(self.phases[:-1]):
             check(p.steps is not None, f"workload.phases[{i}].steps", None,
@@ -96,6 +154,12 @@ class SimSample:
     prompt_len: int
     output_length: int
     dropped: bool = False  # dynamic sampling dropped its group: generated, not trained
+    episode: EpisodeWork | None = None  # multi-turn: output_length is then its model tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the trainer processes: prompt and response (an episode's observations too)."""
+        return self.episode.tokens if self.episode else self.prompt_len + self.output_length
 
 
 _seed = stable_seed  # the name the simulator (and runtime/emulated.py) imported first
@@ -168,16 +232,33 @@ class ParametricWorkload:
             while sum(not d for d in dropped) < cfg.prompts_per_step and len(draws) < 4 * cfg.prompts_per_step:
                 draws.append(pool[random.Random(_seed("draw", self.seed, k, len(draws))).randrange(len(pool))])
                 dropped.append(drops.random() < cfg.drop_rate)
+        turns = random.Random(_seed("episode", self.seed, k))  # its own stream: single-turn draws stay as they were
         for pi, ((prompt, plen, mean, max_len), drop) in enumerate(zip(draws, dropped)):
             for si in range(cfg.samples_per_prompt):
                 noise = rng.lognormvariate(0.0, sigma) if sigma else 1.0
                 length = min(max_len, max(1, int(mean * grow * noise)))
-                out.append(SimSample((k, pi, si), prompt, plen, length, drop))
+                if cfg.episode is None:
+                    out.append(SimSample((k, pi, si), prompt, plen, length, drop))
+                    continue
+                episode = _episode(cfg.episode, turns, plen, length, mean * grow, sigma, max_len)
+                out.append(SimSample((k, pi, si), prompt, plen, episode.model_tokens, drop, episode))
         return out
 
     @property
     def steps_available(self) -> int | None:
         return None
+
+
+def _episode(cfg: EpisodeConfig, rng: random.Random, prompt_len: int, first: int, mean: float, sigma: float,
+             max_len: int) -> EpisodeWork:
+    """One episode: `first` model tokens in its first turn, each later turn its own noise around
+    the prompt's `mean` length."""
+    n = min(cfg.max_turns, max(1, round(cfg.turns.draw(rng))))
+    lengths = [first] + [min(max_len, max(1, int(mean * (rng.lognormvariate(0.0, sigma) if sigma else 1.0))))
+                         for _ in range(n - 1)]
+    observations = [max(0, round(cfg.observation_tokens.draw(rng))) for _ in range(n - 1)]
+    return EpisodeWork(prompt_len, tuple(lengths), tuple(observations),
+                       tuple(cfg.env_latency_s.draw(rng) for _ in range(n)))
 
 
 class TraceWorkload:
@@ -234,5 +315,5 @@ def make_workload(cfg: WorkloadConfig, seed: int) -> ParametricWorkload | TraceW
     return ParametricWorkload(cfg, seed)
 
 
-__all__ = ["FamilyConfig", "PhaseConfig", "WorkloadConfig", "SimSample", "ParametricWorkload",
+__all__ = ["FamilyConfig", "PhaseConfig", "DrawConfig", "EpisodeConfig", "WorkloadConfig", "SimSample", "ParametricWorkload",
            "TraceWorkload", "make_workload", "stable_seed"]
