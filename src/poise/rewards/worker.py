@@ -20,7 +20,8 @@ id, one finite number or a reason) and writes its own line to the pool; any othe
 call process and fails its current call. So user code shares no process, fd or module with the
 pool's channel, a reward cannot answer for a call of another batch (or, `per_child` 1, of
 another sample), and a patched module dies with its call process. After each call process the
-server kills what it left (PID namespace) and empties the scratch directory.
+server kills what it left (PID namespace) and empties the scratch directory. A call process runs the
+calls of one reward function only: one function can fail no other function's calls.
 
 Start-up order: read the first message, confine (poise.rewards.confine: namespaces, then the
 privilege drop, limits, Landlock and seccomp), then check in a call process that the reward
@@ -293,7 +294,7 @@ class _Server:
         per_child, own_namespace = self.init["per_child"], self.report.pid_namespace
         i = 0
         while i < len(calls):
-            group = calls[i:i + per_child]
+            group = _one_function(calls[i:i + per_child])
             pid, lines = self._fork(group)
             ended = False
             for j, call in enumerate(group):
@@ -315,6 +316,16 @@ class _Server:
             i += j + 1
             if not ended:
                 self._end(pid, lines, own_namespace)
+
+
+def _one_function(calls: list) -> list:
+    """The leading calls of `calls` that run the same reward function: a call process never runs two
+    functions, so what one function does to its process (a forged line, a kill, a patched module)
+    can fail only its own calls, never another function's (whose failures would be logged against
+    it)."""
+    fn_index = calls[0][1]
+    n = next((k for k, call in enumerate(calls) if call[1] != fn_index), len(calls))
+    return calls[:n]
 
 
 TAMPERED = "the reward wrote to its result channel (unexpected bytes); its process was replaced"
