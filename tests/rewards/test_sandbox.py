@@ -342,6 +342,7 @@ def test_every_layer_the_kernel_offers_holds(make_scorer):
         assert c["network"] == "namespace" and c["pid_namespace"], c["notes"]
     if os.geteuid() == 0:
         assert c["uid"] >= UID_BASE and c["nproc_limit"] > 0, c["notes"]
+        assert c["reads_exposed"], c["notes"]  # so no process of the worker keeps CAP_DAC_READ_SEARCH
         if _can_mount_tmpfs():  # size-limited: test_a_disk_filler_stops_at_the_scratch_limit
             assert c["scratch"] == "tmpfs"
     if sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64"):

@@ -500,3 +500,44 @@ def test_a_hostile_function_cannot_fail_another_functions_calls(make_scorer, rew
         results = scorer.score(inputs(4, step=step))
         assert [r.parts["good"] for r in results] == [1.0] * 4, results
         assert [f.function for r in results for f in r.failures if f.function != "hostile"] == [], results
+
+
+# --- what a call process may learn about files it may not read ---------------------------------------
+PRIVILEGE_PROBES = '''
+import ctypes, os
+
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+def capabilities(prompts, completions, **kwargs):
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; twice (bits 0-31, 32-63)
+    ctypes.CDLL(None).capget(ctypes.byref(Header(0x20080522, 0)), data)
+    return [float((data[0] | data[1]) + ((data[3] | data[4]) << 32))]
+
+def probe(prompts, completions, **kwargs):
+    try:  # where the run's `latest` marker points
+        os.readlink(os.path.join(RUN_DIR, "checkpoints", "latest"))
+        return [2.0]
+    except OSError as e:
+        present = e.errno
+    try:
+        os.stat(os.path.join(RUN_DIR, "checkpoints", "absent"))
+        return [3.0]
+    except OSError as e:
+        absent = e.errno
+    return [1.0 if present == absent else 0.0]  # the same refusal: nothing says which files exist
+'''
+
+
+def test_a_call_process_holds_no_capability_and_cannot_look_into_private_directories(make_scorer, reward_file,
+                                                                                      tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").symlink_to("step_000042")
+    run_dir.chmod(0o700)
+    path = reward_file(PRIVILEGE_PROBES.replace("RUN_DIR", repr(str(run_dir))))
+    scorer = make_scorer([{"fn": f"{path}:capabilities"}, {"fn": f"{path}:probe"}], fallback=FALLBACK)
+    for isolation_results in (scorer.score(inputs(2)), scorer.score(inputs(2, step=1))):
+        assert [r.parts["capabilities"] for r in isolation_results] == [0.0, 0.0], isolation_results
+        if os.geteuid() == 0:  # as root the worker runs as a uid of its own, which may not enter run_dir
+            assert [r.parts["probe"] for r in isolation_results] == [1.0, 1.0], isolation_results

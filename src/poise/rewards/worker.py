@@ -202,7 +202,9 @@ class _Server:
     def __init__(self, init: dict, results: int, report: confine.Confinement, ruleset: int | None):
         self.init, self.results, self.report, self.ruleset = init, results, report, ruleset
         self.scratch = os.getcwd()
-        self.keep_caps = 1 << confine.CAP_DAC_READ_SEARCH if report.uid == init["uid"] else 0
+        # root dropped to init["uid"] keeps this capability only where expose_reads could not do without it
+        kept = report.uid == init["uid"] and not report.reads_exposed
+        self.keep_caps = 1 << confine.CAP_DAC_READ_SEARCH if kept else 0
 
     # --- the call process ----------------------------------------------------------------------
     def _call_process(self, calls: list, out: int) -> None:
@@ -415,12 +417,14 @@ def main() -> None:
             _pass_on_exit(server)
     else:
         confine.die_with_parent()
+    reads = confine.system_reads() + list(init["reads"])
+    confine.expose_reads(reads + [os.getcwd()], init["uid"], report)  # the server's mount namespace, not the watcher's
     confine.drop_root(init["uid"], report)
     confine.adopt_orphans()  # whatever a call process leaves behind stays our child, for _reap
     # the task limit counts only this worker's tasks in a user namespace of its own, or as a uid of its own
     own_user = (os.geteuid() != 0 and report.network == "namespace") or report.uid == init["uid"]
     confine.set_limits(init["memory_mb"], report, own_user)
-    ruleset = confine.landlock(confine.system_reads() + list(init["reads"]), [os.getcwd(), "/dev/null"], report)
+    ruleset = confine.landlock(reads, [os.getcwd(), "/dev/null"], report)
     confine.block_unix_sockets(report)
     confine.not_dumpable()
     import poise.rewards.builtin  # noqa: F401 - ours, not user code: imported once, shared by every call process
