@@ -541,3 +541,14 @@ def test_a_call_process_holds_no_capability_and_cannot_look_into_private_directo
         assert [r.parts["capabilities"] for r in isolation_results] == [0.0, 0.0], isolation_results
         if os.geteuid() == 0:  # as root the worker runs as a uid of its own, which may not enter run_dir
             assert [r.parts["probe"] for r in isolation_results] == [1.0, 1.0], isolation_results
+
+
+def test_each_test_of_a_code_candidate_is_pid_1_of_its_own_namespace_inside_the_sandbox(make_scorer):
+    """The layer that holds the saboteur, checked where it must hold: inside a worker's call process
+    (its uid, no capability, Landlock, seccomp), not only in the test process."""
+    from poise.rewards.scorer import RewardInput
+
+    scorer = make_scorer([{"fn": "code"}], fallback=FALLBACK, timeout_s=30)
+    tests = ["import os\nassert os.getpid() == 1", "import os\nassert os.getppid() == 0"]
+    results = scorer.score([RewardInput((0, 0, 0), "p", RIGHT, {"tests": tests})])
+    assert [r.value for r in results] == [1.0], results
