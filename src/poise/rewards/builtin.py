@@ -130,8 +130,8 @@ def run(test, code):
         os._exit(1)
 def isolated(test, code):
     os.closerange(3, 1 << 16)
+    os.setsid()  # a session of its own: what the harness kills after the test
     if libc.unshare(0x10000000 | 0x20000000) != 0:  # CLONE_NEWUSER | CLONE_NEWPID refused
-        os.setsid()
         run(test, code)
     pid = os.fork()  # PID 1 of the new namespace: everything in it dies when it ends
     if pid == 0:
