@@ -8,7 +8,7 @@ privileges refuse is skipped, never fatal. What holds where:
 | --- | --- | --- |
 | network | new network namespace (nothing reachable, not even 127.0.0.1) | the same inside a new user namespace, if unprivileged user namespaces are allowed; else Landlock (ABI >= 4) refuses TCP connect/bind (UDP stays open); else none |
 | processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
-| fork bombs | the worker drops to a uid of its own, with no capability, so RLIMIT_NPROC applies (what it must read under a directory that uid may not enter, e.g. the interpreter under /root, is bind-mounted into a tmpfs covering that directory, in the server's own mount namespace: `expose_reads`; only where a read path is itself private does it keep CAP_DAC_READ_SEARCH, and its notes say so): root ignores it; the worker's cgroup, where one is made, adds pids.max | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
+| fork bombs | the worker's server drops to a uid of its own so RLIMIT_NPROC applies (root ignores it), with no capability (what it must read under a directory that uid may not enter, e.g. the interpreter under /root, is bind-mounted into a tmpfs covering that directory, in the server's own mount namespace: `expose_reads`; only where a read path is itself private does it keep CAP_DAC_READ_SEARCH, and its notes say so); the worker's cgroup, where one is made, adds pids.max | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
 | files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
 | memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process; also a memory and a task limit per worker and all its children in a cgroup of its own, v2 where this process's cgroup v2 hands memory and pids to its children, else v1 where its memory and pids cgroups are writable (poise.rewards.cgroup; one start-up line names the layer that holds) | the same where the user may write those cgroups (a delegated one) |
 | unix sockets | seccomp: socket(AF_UNIX) and io_uring refused, so no socket file (ssh-agent, Ray's raylet, D-Bus) is reachable | the same |
@@ -471,5 +471,6 @@ def system_reads() -> list[str]:
     return sorted(paths)
 
 
-__all__ = ["Confinement", "enter_namespaces", "expose_reads", "drop_root", "after_fork_in_namespace", "die_with_parent", "adopt_orphans", "set_limits",
+__all__ = ["Confinement", "enter_namespaces", "expose_reads", "drop_root", "after_fork_in_namespace", "die_with_parent",
+           "adopt_orphans", "set_limits",
            "limit_cpu", "landlock", "nest", "not_dumpable", "drop_capabilities", "block_unix_sockets", "system_reads"]
