@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -529,18 +530,31 @@ def probe(prompts, completions, **kwargs):
 '''
 
 
+@pytest.fixture(params=["below-a-private-directory", "in-the-open"])
+def private_run_dir(request, tmp_path):
+    """A run directory of mode 0700: below pytest's private tmp (covered by the worker's skeleton
+    mount) or right in /tmp (not covered: its own mode must hold)."""
+    if request.param == "below-a-private-directory":
+        yield tmp_path / "run"
+        return
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="poise-test-run-") as where:
+        yield Path(where) / "run"
+
+
+@pytest.mark.parametrize("isolation", ["batch", "call"])
 def test_a_call_process_holds_no_capability_and_cannot_look_into_private_directories(make_scorer, reward_file,
-                                                                                      tmp_path):
-    run_dir = tmp_path / "run"
+                                                                                      private_run_dir, isolation):
+    run_dir = private_run_dir
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "latest").symlink_to("step_000042")
     run_dir.chmod(0o700)
     path = reward_file(PRIVILEGE_PROBES.replace("RUN_DIR", repr(str(run_dir))))
-    scorer = make_scorer([{"fn": f"{path}:capabilities"}, {"fn": f"{path}:probe"}], fallback=FALLBACK)
-    for isolation_results in (scorer.score(inputs(2)), scorer.score(inputs(2, step=1))):
-        assert [r.parts["capabilities"] for r in isolation_results] == [0.0, 0.0], isolation_results
+    scorer = make_scorer([{"fn": f"{path}:capabilities"}, {"fn": f"{path}:probe"}], fallback=FALLBACK,
+                         isolation=isolation)
+    for results in (scorer.score(inputs(2)), scorer.score(inputs(2, step=1))):
+        assert [r.parts["capabilities"] for r in results] == [0.0, 0.0], results
         if os.geteuid() == 0:  # as root the worker runs as a uid of its own, which may not enter run_dir
-            assert [r.parts["probe"] for r in isolation_results] == [1.0, 1.0], isolation_results
+            assert [r.parts["probe"] for r in results] == [1.0, 1.0], results
 
 
 def test_each_test_of_a_code_candidate_is_pid_1_of_its_own_namespace_inside_the_sandbox(make_scorer):
