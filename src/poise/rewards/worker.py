@@ -23,8 +23,9 @@ another sample), and a patched module dies with its call process. After each cal
 server kills what it left (PID namespace) and empties the scratch directory. A call process runs the
 calls of one reward function only: one function can fail no other function's calls.
 
-Start-up order: read the first message, confine (poise.rewards.confine: namespaces, then the
-privilege drop, limits, Landlock and seccomp), then check in a call process that the reward
+Start-up order: read the first message, confine (poise.rewards.confine: namespaces, the mount
+skeleton that lets the dropped uid read without a capability, then the privilege drop, limits,
+Landlock and seccomp), then check in a call process that the reward
 functions import, so user code, even at import time, runs confined and never in the server.
 Each call gets one sample (lists of length 1): a reward is a function of its own sample, never of
 which samples shared its batch.
