@@ -180,3 +180,44 @@ def test_ctrl_c_in_the_colocated_loop_checkpoints_and_resumes(tmp_path):
     assert f"resuming {run_dir} from step {saved} (checkpoint step_{saved:06d})" in resumed.stderr
     assert [r["step"] for r in _rows(run_dir)] == list(range(12))
     assert f"poise: 12 steps in {run_dir}" in resumed.stderr  # the whole run's summary, not the segment's
+
+
+HANG = "import time\n\n\ndef hang(prompts, completions, **kwargs):\n    time.sleep(10 ** 6)\n"
+
+
+def _sandbox_processes(driver: int) -> list[int]:
+    """Processes of the driver's reward sandbox: their working directory is one of its scratch directories."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and f"poise-reward-{driver}-" in os.readlink(f"/proc/{pid}/cwd"):
+                found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("mode", ["colocated", "sync"])
+def test_a_second_sigterm_stops_within_10_s_while_reward_calls_hang(tmp_path, mode):
+    """Both reward workers are inside a call that would hang until reward.timeout_s (30 s): the
+    first SIGTERM waits for the step, the second stops at once; nothing of the sandbox (or Ray) is
+    left."""
+    (tmp_path / "hang.py").write_text(HANG)
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, f"pipeline.mode={mode}", "reward.timeout_s=30", "reward.workers=2",
+                  f"reward.functions=[{tmp_path}/hang.py:hang]")
+    deadline = time.monotonic() + 240
+    while len(_sandbox_processes(proc.pid)) < 2 * 3 + 2:  # each worker's 3 processes, and a call process each
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    start = time.monotonic()
+    _, err = proc.communicate(timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 143, err[-3000:]
+    assert "stopping at once" in err
+    assert took < 10, f"the second SIGTERM took {took:.1f} s to stop the run"
+    assert _sandbox_processes(proc.pid) == []
+    assert _group_gone(proc.pid), _left_running(proc.pid)

@@ -342,8 +342,52 @@ def test_every_layer_the_kernel_offers_holds(make_scorer):
         assert c["network"] == "namespace" and c["pid_namespace"], c["notes"]
     if os.geteuid() == 0:
         assert c["uid"] >= UID_BASE and c["nproc_limit"] > 0, c["notes"]
+        assert c["reads_exposed"], c["notes"]  # so no process of the worker keeps CAP_DAC_READ_SEARCH
         if _can_mount_tmpfs():  # size-limited: test_a_disk_filler_stops_at_the_scratch_limit
             assert c["scratch"] == "tmpfs"
     if sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64"):
         assert c["unix_sockets"] == "blocked", c["notes"]
     assert c["notes"] == [] or not namespaces or _landlock_abi() < 1, c["notes"]
+
+
+HANG = '''
+import time
+def hostile(prompts, completions, **kwargs):
+    time.sleep(10 ** 6)
+'''
+
+
+def _hanging_calls(n: int) -> list:
+    from poise.rewards.sandbox import Call
+
+    return [Call(0, f"prompt {i}", "c", {}) for i in range(n)]
+
+
+def test_close_with_hanging_calls_returns_at_once_and_answers_every_call(make_scorer, reward_file):
+    """What a second Ctrl-C needs: closing a pool whose calls all hang (far from their timeout) kills
+    the workers at once, answers every call (failed: nothing is left waiting) and leaves nothing."""
+    scorer = _scorer(make_scorer, reward_file, HANG, timeout_s=30.0)
+    batch = scorer.pool.submit(_hanging_calls(6))
+    time.sleep(1.0)  # both workers are inside a call
+    start = time.monotonic()
+    scorer.close()
+    took = time.monotonic() - start
+    assert took < 5.0, f"close took {took:.1f} s with hanging calls"
+    outcomes = batch.result(timeout=1.0)
+    assert all(o.value is None and "closed" in o.error for o in outcomes), outcomes
+    assert _sandbox_processes() == {}
+
+
+def test_no_worker_starts_after_close(make_scorer, reward_file):
+    """Serving threads replace a timed-out worker while `close` kills them: no thread may die of
+    the race (its calls would never be answered) and none may start a worker after close."""
+    scorer = _scorer(make_scorer, reward_file, HANG, timeout_s=0.5)
+    batch = scorer.pool.submit(_hanging_calls(200))
+    time.sleep(1.5)  # timeouts and restarts under way
+    scorer.close()
+    outcomes = batch.result(timeout=1.0)  # every call answered
+    assert all(o.value is None for o in outcomes) and sum("closed" in o.error for o in outcomes) > 100, outcomes
+    assert not any(t.is_alive() for t in scorer.pool._threads)
+    time.sleep(3.0)  # a thread still serving would have restarted a worker by now
+    assert _sandbox_processes() == {}
+    assert all(w.proc is None for w in scorer.pool._workers)

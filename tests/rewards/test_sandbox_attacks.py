@@ -18,6 +18,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -131,7 +132,9 @@ def hostile(prompts, completions, **kwargs):
 def test_a_reward_reading_its_call_ids_from_memory_cannot_forge_another_sample_with_isolation_call(
         make_scorer, reward_file):
     scorer = _scorer(make_scorer, reward_file, FORGE_FROM_MEMORY, isolation="call")
-    reasons = _honest(scorer)  # the ids it found are other processes' calls: its extra lines fail it
+    # 4 samples: each worker's chunk of the hostile function's calls holds two, so every call finds
+    # another id to forge (a chunk of one would find none and answer honestly)
+    reasons = _honest(scorer, n=4)  # the ids it found are other processes' calls: its extra lines fail it
     assert all("unexpected bytes" in r for r in reasons), reasons
 
 
@@ -372,3 +375,194 @@ def hostile(prompts, completions, **kwargs):
         pytest.skip("the scratch directory is a size-limited tmpfs only as root; per file (RLIMIT_FSIZE) here")
     reasons = _honest(scorer, n=2)
     assert all("No space left on device" in r for r in reasons), reasons
+
+
+# --- a candidate's reach over its neighbours (the `code` reward, one batch) ---------------------------
+RIGHT = "```python\ndef add(a, b):\n    return a + b\n```"
+SABOTEUR = '''```python
+import os, signal, time
+
+def add(a, b):
+    return a - b
+
+# a daemon, double-forked out of the test's process group, that SIGKILLs every new pid above its own:
+# the harnesses and tests of the candidates scored after this one
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        me, end = os.getpid(), time.monotonic() + 20
+        while time.monotonic() < end:
+            for pid in range(me + 1, me + 400):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.002)
+    os._exit(0)
+```'''
+# reads the exit status its harness drew for this test from the memory it was forked with, and exits with it
+EXIT_STATUS_READER = '''```python
+import os, sys
+
+def add(a, b):
+    return a - b
+
+frame = sys._getframe()
+while frame is not None:
+    if "code" in frame.f_locals and isinstance(frame.f_locals["code"], int):
+        os._exit(frame.f_locals["code"])
+    frame = frame.f_back
+```'''
+# kills every process it may signal: its harness, the call process, its neighbours'
+KILL_EVERYTHING = "```python\nimport os, signal\n\ndef add(a, b):\n    return a - b\n\n" \
+                  "try:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n```"
+CODE_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]
+
+
+@pytest.mark.parametrize("isolation", ["batch", "call"])
+@pytest.mark.parametrize("attacker", [SABOTEUR, EXIT_STATUS_READER, KILL_EVERYTHING],
+                         ids=["saboteur-daemon", "exit-status-from-memory", "kill-everything"])
+def test_a_hostile_candidate_scores_itself_only_never_a_neighbour(make_scorer, isolation, attacker):
+    """[right, attacker, right, right, right] in one batch: every right candidate scores 1.0 and no
+    failure is counted for it, whatever the attacker did to the processes around its tests."""
+    from poise.rewards.scorer import RewardInput
+
+    scorer = make_scorer([{"fn": "code"}], fallback=FALLBACK, timeout_s=30, isolation=isolation)
+    candidates = [RIGHT, attacker, RIGHT, RIGHT, RIGHT]
+    results = scorer.score([RewardInput((0, i, 0), "p", c, {"tests": CODE_TESTS}) for i, c in enumerate(candidates)])
+    neighbours = [r for i, r in enumerate(results) if i != 1]
+    assert [r.value for r in neighbours] == [1.0] * 4, results
+    assert [r.failures for r in neighbours] == [()] * 4, results
+    again = scorer.score([RewardInput((1, i, 0), "p", RIGHT, {"tests": CODE_TESTS}) for i in range(3)])
+    assert [r.value for r in again] == [1.0] * 3, again
+
+
+def _harness_of_this_process(timeout_s: float = 10.0) -> int:
+    """The pid of the `code` harness (`python -I -c ...`) this test process started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except (OSError, ValueError):
+                continue
+            if ppid == os.getpid() and b"-I" in argv:
+                return int(pid)
+        time.sleep(0.01)
+    raise AssertionError("no harness started")
+
+
+def test_a_harness_killed_from_outside_is_a_counted_failure_not_a_zero():
+    """A harness that dies before reporting every test (SIGKILLed, as a neighbour's daemon did) fails
+    the call, counted; a score of 0 for the tests it never reported would hide the attack."""
+    import threading
+
+    outcome: dict = {}
+
+    def score() -> None:
+        try:
+            outcome["value"] = run_tests("import time\n", ["time.sleep(1.5)", "pass"])
+        except RuntimeError as e:
+            outcome["error"] = str(e)
+
+    scoring = threading.Thread(target=score)
+    scoring.start()
+    os.kill(_harness_of_this_process(), signal.SIGKILL)
+    scoring.join(10)
+    assert "harness" in outcome.get("error", ""), outcome
+
+
+# --- one reward function's calls against another's (isolation batch) ------------------------------------
+FAIL_THE_NEXT_CALL = '''
+import json, os, sys
+
+def hostile(prompts, completions, **kwargs):
+    # answer its own call (its id, from the call process's frame), then a garbage line: the next
+    # call of the same call process (another function's) would read it as its answer
+    frame = sys._getframe()
+    while frame is not None and "call_id" not in frame.f_locals:
+        frame = frame.f_back
+    data = (json.dumps([frame.f_locals["call_id"], "ok", 1.0]) + "\\ngarbage\\n").encode()
+    for fd in range(3, 256):
+        try:
+            os.write(fd, data)
+        except OSError:
+            pass
+    return [1.0 for _ in completions]
+'''
+
+
+def test_a_hostile_function_cannot_fail_another_functions_calls(make_scorer, reward_file):
+    scorer = _scorer(make_scorer, reward_file, FAIL_THE_NEXT_CALL, isolation="batch")
+    for step in range(2):
+        results = scorer.score(inputs(4, step=step))
+        assert [r.parts["good"] for r in results] == [1.0] * 4, results
+        assert [f.function for r in results for f in r.failures if f.function != "hostile"] == [], results
+
+
+# --- what a call process may learn about files it may not read ---------------------------------------
+PRIVILEGE_PROBES = '''
+import ctypes, os
+
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+def capabilities(prompts, completions, **kwargs):
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; twice (bits 0-31, 32-63)
+    ctypes.CDLL(None).capget(ctypes.byref(Header(0x20080522, 0)), data)
+    return [float((data[0] | data[1]) + ((data[3] | data[4]) << 32))]
+
+def probe(prompts, completions, **kwargs):
+    try:  # where the run's `latest` marker points
+        os.readlink(os.path.join(RUN_DIR, "checkpoints", "latest"))
+        return [2.0]
+    except OSError as e:
+        present = e.errno
+    try:
+        os.stat(os.path.join(RUN_DIR, "checkpoints", "absent"))
+        return [3.0]
+    except OSError as e:
+        absent = e.errno
+    return [1.0 if present == absent else 0.0]  # the same refusal: nothing says which files exist
+'''
+
+
+@pytest.fixture(params=["below-a-private-directory", "in-the-open"])
+def private_run_dir(request, tmp_path):
+    """A run directory of mode 0700: below pytest's private tmp (covered by the worker's skeleton
+    mount) or right in /tmp (not covered: its own mode must hold)."""
+    if request.param == "below-a-private-directory":
+        yield tmp_path / "run"
+        return
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="poise-test-run-") as where:
+        yield Path(where) / "run"
+
+
+@pytest.mark.parametrize("isolation", ["batch", "call"])
+def test_a_call_process_holds_no_capability_and_cannot_look_into_private_directories(make_scorer, reward_file,
+                                                                                      private_run_dir, isolation):
+    run_dir = private_run_dir
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "latest").symlink_to("step_000042")
+    run_dir.chmod(0o700)
+    path = reward_file(PRIVILEGE_PROBES.replace("RUN_DIR", repr(str(run_dir))))
+    scorer = make_scorer([{"fn": f"{path}:capabilities"}, {"fn": f"{path}:probe"}], fallback=FALLBACK,
+                         isolation=isolation)
+    for results in (scorer.score(inputs(2)), scorer.score(inputs(2, step=1))):
+        assert [r.parts["capabilities"] for r in results] == [0.0, 0.0], results
+        if os.geteuid() == 0:  # as root the worker runs as a uid of its own, which may not enter run_dir
+            assert [r.parts["probe"] for r in results] == [1.0, 1.0], results
+
+
+def test_each_test_of_a_code_candidate_is_pid_1_of_its_own_namespace_inside_the_sandbox(make_scorer):
+    """The layer that holds the saboteur, checked where it must hold: inside a worker's call process
+    (its uid, no capability, Landlock, seccomp), not only in the test process."""
+    from poise.rewards.scorer import RewardInput
+
+    scorer = make_scorer([{"fn": "code"}], fallback=FALLBACK, timeout_s=30)
+    tests = ["import os\nassert os.getpid() == 1", "import os\nassert os.getppid() == 0"]
+    results = scorer.score([RewardInput((0, 0, 0), "p", RIGHT, {"tests": tests})])
+    assert [r.value for r in results] == [1.0], results

@@ -88,12 +88,16 @@ CODE_TEST_TIMEOUT_S = 2.0  # one test
 _FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
 
 # Runs in a fresh `python -I` (stdin: JSON {program, tests}) that never runs the candidate itself:
-# each test runs, after the program, in a fork of its own with every fd closed and its output on
+# each test runs, after the program, in a process of its own with every fd closed and its output on
 # /dev/null, and passes only by exiting with the status this harness drew at random for it
-# (sys.exit(0), os._exit, a crash or a timeout fail it). The harness is not dumpable and a test
-# process holds no capability, so it cannot open the harness's fds or memory through /proc (not
-# even as root); the harness writes one mark per test, "P" or "F", on its stdout, which no test
-# process holds.
+# (sys.exit(0), os._exit, a crash or a timeout fail it). That process is PID 1 of a PID namespace
+# of its own (in a user namespace of its own: no privilege needed), so whatever the candidate
+# starts (a double-forked daemon included) sees no process outside, not the harness nor another
+# candidate's, and dies with it at the end of the test; where the kernel refuses the namespaces it
+# runs in a session of its own, killed at the end of the test (a daemon that calls setsid()
+# escapes that). The harness is not dumpable and a test process holds no capability, so it cannot
+# open the harness's fds or memory through /proc (not even as root); the harness writes one mark
+# per test, "P" or "F", on its stdout, which no test process holds.
 _HARNESS = r"""
 import ctypes, json, os, random, signal, sys
 libc = ctypes.CDLL(None)
@@ -109,23 +113,39 @@ draw = random.SystemRandom()
 def alarm(signum, frame):
     raise TimeoutError("test timed out")
 signal.signal(signal.SIGALRM, alarm)
+def run(test, code):
+    try:
+        if libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (ctypes.c_uint32 * 6)()) != 0:
+            os._exit(1)
+        scope = {"__name__": "__main__"}
+        signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+        exec(compile(job["program"], "<candidate>", "exec"), scope)
+        signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
+        exec(compile(test, "<test>", "exec"), scope)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        os._exit(code)
+    except BaseException:
+        os._exit(1)
+    finally:
+        os._exit(1)
+def isolated(test, code):
+    os.closerange(3, 1 << 16)
+    os.setsid()  # a session of its own: what the harness kills after the test
+    if libc.unshare(0x10000000 | 0x20000000) != 0:  # CLONE_NEWUSER | CLONE_NEWPID refused
+        run(test, code)
+    pid = os.fork()  # PID 1 of the new namespace: everything in it dies when it ends
+    if pid == 0:
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG: dies when the harness kills its parent
+        os.setsid()
+        run(test, code)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 def passes(test):
     code = draw.randrange(3, 120)
     pid = os.fork()
     if pid == 0:
         try:
-            os.closerange(3, 1 << 16)
-            if libc.capset(ctypes.byref(CapHeader(0x20080522, 0)), (ctypes.c_uint32 * 6)()) != 0:
-                os._exit(1)
-            scope = {"__name__": "__main__"}
-            signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
-            exec(compile(job["program"], "<candidate>", "exec"), scope)
-            signal.setitimer(signal.ITIMER_REAL, job["test_timeout"])
-            exec(compile(test, "<test>", "exec"), scope)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            os._exit(code)
-        except BaseException:
-            os._exit(1)
+            isolated(test, code)
         finally:
             os._exit(1)
     try:
@@ -135,8 +155,12 @@ def passes(test):
     except TimeoutError:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        return False
-    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == code
+        status = None
+    try:
+        os.killpg(pid, signal.SIGKILL)  # without the namespaces: what the test left in its session
+    except OSError:
+        pass
+    return status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == code
 for test in job["tests"]:
     os.write(marks, b"P" if passes(test) else b"F")
 os._exit(0)
@@ -151,19 +175,22 @@ def extract_program(completion: str) -> str:
 
 def run_tests(program: str, tests: Sequence[str], timeout_s: float = CODE_TIMEOUT_S) -> float:
     """Fraction of `tests` (Python statements, typically `assert f(2) == 4`) that pass after running
-    `program`: each test in a fresh fork of a harness (`python -I`) that runs the program, then the
-    test, with a per-test alarm (see _HARNESS). A program that fails to run passes no test. A
-    harness report that is not one mark per test at most raises (the call fails)."""
+    `program`: each test in a process of its own, forked by a harness (`python -I`) that runs the
+    program, then the test, with a per-test alarm (see _HARNESS). A program that fails to run passes
+    no test. A harness that dies before reporting every test (killed from outside) or a report that
+    is not one mark per test at most raises (the call fails, counted): a 0 would hide it."""
     if not tests:
         return 0.0
     job = json.dumps({"program": program, "tests": list(tests), "test_timeout": CODE_TEST_TIMEOUT_S})
     try:
         out = subprocess.run([sys.executable, "-I", "-c", _HARNESS], input=job, capture_output=True, text=True,
                              timeout=timeout_s, cwd=os.getcwd())
-        marks = out.stdout
     except subprocess.TimeoutExpired as e:  # the marks written before the hang still count
-        marks = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-    return score_marks(marks, len(tests))
+        return score_marks(e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), len(tests))
+    if out.returncode != 0:
+        how = f"was killed by signal {-out.returncode}" if out.returncode < 0 else f"exited {out.returncode}"
+        raise RuntimeError(f"the code harness {how} after {len(out.stdout)} of {len(tests)} tests; not scored")
+    return score_marks(out.stdout, len(tests))
 
 
 def score_marks(marks: str, tests: int) -> float:
@@ -222,9 +249,11 @@ def code(prompts: list[str], completions: list[str], tests: list, **_: list) -> 
     with one statement per line. Each test runs in a copy of the program's globals in a fresh
     `python -I` started inside the reward sandbox, CODE_TEST_TIMEOUT_S per test and CODE_TIMEOUT_S
     for the whole program (keep reward.timeout_s above it). The harness guards against crashes,
-    exits, hangs and a program that writes marks or reaches the harness; not against a program
-    that makes its own test pass from inside (an object whose `__eq__` is always True, or one that
-    reads the exit status it must give from its process's memory).
+    exits, hangs, a program that writes marks or reaches the harness, and one that reaches the
+    tests of other candidates (each test is PID 1 of a PID namespace of its own, and everything it
+    started ends with it); not against a program that makes its own test pass from inside (an
+    object whose `__eq__` is always True, or one that reads the exit status it must give from its
+    process's memory): that games its own score only.
     """
     return [run_tests(extract_program(c), _tests_of(t)) for c, t in zip(completions, tests)]
 

@@ -8,7 +8,7 @@ privileges refuse is skipped, never fatal. What holds where:
 | --- | --- | --- |
 | network | new network namespace (nothing reachable, not even 127.0.0.1) | the same inside a new user namespace, if unprivileged user namespaces are allowed; else Landlock (ABI >= 4) refuses TCP connect/bind (UDP stays open); else none |
 | processes | new PID namespace: killing the worker kills everything it started; leftovers are killed after every call | the same inside the user namespace; else the worker's process group is killed on timeout (a process that leaves the group survives) |
-| fork bombs | the worker drops to a uid of its own (keeping only CAP_DAC_READ_SEARCH, to read the interpreter under /root) so RLIMIT_NPROC applies: root ignores it; the worker's cgroup, where one is made, adds pids.max | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
+| fork bombs | the worker's server drops to a uid of its own so RLIMIT_NPROC applies (root ignores it), with no capability (what it must read under a directory that uid may not enter, e.g. the interpreter under /root, is bind-mounted into a tmpfs covering that directory, in the server's own mount namespace: `expose_reads`; only where a read path is itself private does it keep CAP_DAC_READ_SEARCH, and its notes say so); the worker's cgroup, where one is made, adds pids.max | RLIMIT_NPROC (per user namespace, or the user's current task count + margin without one) |
 | files | Landlock (ABI >= 1): read-only access to the interpreter, poise and the reward's own file or package, read-write to the scratch directory only; so ~/.ssh, the run directory and other paths are neither readable nor writable | the same |
 | memory, CPU | RLIMIT_AS, RLIMIT_CPU (per call), RLIMIT_FSIZE, RLIMIT_CORE=0: per process; also a memory and a task limit per worker and all its children in a cgroup of its own, v2 where this process's cgroup v2 hands memory and pids to its children, else v1 where its memory and pids cgroups are writable (poise.rewards.cgroup; one start-up line names the layer that holds) | the same where the user may write those cgroups (a delegated one) |
 | unix sockets | seccomp: socket(AF_UNIX) and io_uring refused, so no socket file (ssh-agent, Ray's raylet, D-Bus) is reachable | the same |
@@ -30,6 +30,7 @@ import resource
 import sys
 from dataclasses import asdict, dataclass, field
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -89,6 +90,7 @@ class Confinement:
     nproc_limit: int = -1
     landlock_abi: int = 0
     filesystem: bool = False  # Landlock confines reads and writes
+    reads_exposed: bool = False  # root: what the worker reads is reachable without CAP_DAC_READ_SEARCH
     notes: list[str] = field(default_factory=list)  # why a layer did not hold
 
     def as_dict(self) -> dict:
@@ -137,9 +139,11 @@ def enter_namespaces(report: Confinement) -> bool:
 
 
 def drop_root(uid: int, report: Confinement) -> None:
-    """Root ignores RLIMIT_NPROC: run as `uid` instead, keeping CAP_DAC_READ_SEARCH (also across
-    exec, as an ambient capability) so the interpreter and libraries stay readable wherever they
-    are installed (e.g. under /root). Landlock then decides what may actually be read."""
+    """Root ignores RLIMIT_NPROC: run as `uid` instead, with no capability where `expose_reads`
+    made what the worker reads reachable; else keeping CAP_DAC_READ_SEARCH (also across exec, as
+    an ambient capability) so the interpreter and libraries stay readable wherever they are
+    installed (e.g. under /root; the call processes keep it too, and the one start-up line's
+    notes say so). Landlock then decides what may actually be read."""
     if os.geteuid() != 0 or not LINUX:
         report.uid = os.getuid()
         return
@@ -148,14 +152,90 @@ def drop_root(uid: int, report: Confinement) -> None:
         os.setresgid(uid, uid, uid)
         _prctl(PR_SET_KEEPCAPS, 1)
         os.setresuid(uid, uid, uid)
-        bit = 1 << CAP_DAC_READ_SEARCH
+        bit = 0 if report.reads_exposed else 1 << CAP_DAC_READ_SEARCH
         header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)(_CapData(bit, bit, bit), _CapData(0, 0, 0))
         _check(_libc.capset(ctypes.byref(header), data), "capset")
-        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
+        if bit:
+            _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH)
     except OSError as e:
         report.notes.append(f"privilege drop: {e}")
     report.uid = os.getuid()
+
+
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+
+
+def _searchable(st: os.stat_result, uid: int) -> bool:
+    """`uid` (no groups: `drop_root` clears them, its gid is its uid) may enter the directory."""
+    return bool(st.st_mode & 0o100) if st.st_uid == uid else bool(st.st_mode & 0o001)
+
+
+def _blocked_ancestor(path: str, uid: int) -> str | None:
+    """The outermost directory above `path` that `uid` may not enter, or None."""
+    parts = path.strip("/").split("/")[:-1]
+    for k in range(len(parts)):
+        ancestor = "/" + "/".join(parts[:k + 1])
+        if not _searchable(os.stat(ancestor), uid):
+            return ancestor
+    return None
+
+
+def expose_reads(paths: list[str], uid: int, report: Confinement) -> None:
+    """Root, before `drop_root`: in a mount namespace of this process's own, make every path in
+    `paths` reachable by `uid` without CAP_DAC_READ_SEARCH: each outermost directory above one
+    that `uid` may not enter (/root, a private run directory) is covered by a skeleton (a
+    root-owned tmpfs holding only the directories down to those paths) with each path bind-mounted in.
+    The rest of that directory is hidden: not there, whatever exists. Sets `report.reads_exposed`
+    when every path is reachable; else the worker keeps the capability (`drop_root`)."""
+    if os.geteuid() != 0 or not LINUX:
+        return
+    under: dict[str, list[str]] = {}
+    for path in sorted({os.path.realpath(p) for p in paths if os.path.exists(p)}):
+        blocked = _blocked_ancestor(path, uid)
+        if blocked is None:
+            continue
+        if blocked == "/" or any(path.startswith(q + "/") for q in under.get(blocked, [])):
+            continue  # "/" cannot be covered; a path below one already exposed comes with it
+        under.setdefault(blocked, []).append(path)
+    try:
+        if under:
+            _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            _check(_libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None), "mount private")
+        for blocked, inside in under.items():
+            _skeleton(blocked, inside)
+        unreachable = [p for p in paths if os.path.exists(p) and not _reachable(os.path.realpath(p), uid)]
+        if unreachable:  # e.g. a reward file of mode 0600: only the capability reads it
+            raise OSError(f"{unreachable[0]} is not readable by other users")
+    except OSError as e:
+        report.notes.append(f"exposing the reads: {e} (the worker keeps CAP_DAC_READ_SEARCH)")
+        return
+    report.reads_exposed = True
+
+
+def _reachable(path: str, uid: int) -> bool:
+    st = os.stat(path)
+    need = (0o500 if os.path.isdir(path) else 0o400) >> (0 if st.st_uid == uid else 6)
+    return _blocked_ancestor(path, uid) is None and st.st_mode & need == need
+
+
+def _skeleton(blocked: str, inside: list[str]) -> None:
+    """Cover `blocked` with a tmpfs that holds only `inside`, each bind-mounted from where it was."""
+    held = [os.open(p, os.O_PATH | os.O_CLOEXEC) for p in inside]  # reachable still once covered
+    try:
+        _check(_libc.mount(b"tmpfs", blocked.encode(), b"tmpfs", ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+                           b"size=1m,mode=0755"), f"mount tmpfs on {blocked}")
+        for path, fd in zip(inside, held):
+            if os.path.isdir(f"/proc/self/fd/{fd}"):
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o644))
+            _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None,
+                               ctypes.c_ulong(MS_BIND | MS_REC), None), f"bind {path}")
+    finally:
+        for fd in held:
+            os.close(fd)
 
 
 def after_fork_in_namespace() -> None:
@@ -391,5 +471,6 @@ def system_reads() -> list[str]:
     return sorted(paths)
 
 
-__all__ = ["Confinement", "enter_namespaces", "drop_root", "after_fork_in_namespace", "die_with_parent", "adopt_orphans", "set_limits",
+__all__ = ["Confinement", "enter_namespaces", "expose_reads", "drop_root", "after_fork_in_namespace", "die_with_parent",
+           "adopt_orphans", "set_limits",
            "limit_cpu", "landlock", "nest", "not_dumpable", "drop_capabilities", "block_unix_sockets", "system_reads"]

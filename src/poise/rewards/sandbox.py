@@ -16,7 +16,10 @@ worker dies, the worker's process group and PID namespace are killed, the call g
 Outcome, a fresh worker starts and the rest of the chunk goes on there. A bad answer (not one
 finite number) is a failed Outcome too; a line that is not the answer to the call awaited (another
 id, not JSON) fails the call and replaces the worker. The pool itself never raises on a reward's
-behaviour.
+behaviour. A chunk holds the calls of one reward function: a worker never runs two functions in one
+call process, so one function cannot fail another's calls. `close` kills every worker at once,
+whatever its calls are doing, answers every call not yet answered (failed) and starts no worker
+after.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from poise.rewards.worker import _HEADER
 START_TIMEOUT_S = 60.0  # a worker's confinement and its imports of the reward functions
 MAX_LINE = 1 << 16  # a longer answer line is a broken worker
 CHUNK = 64  # calls per message at most
+CLOSE_WAIT_S = 5.0  # for the serving threads, once close has killed their workers
+CLOSED = "the reward sandbox was closed (the run is stopping); not scored"
 UID_BASE = 1_500_000_000  # root drops each worker to a uid of its own from here (confine.drop_root)
 
 
@@ -146,6 +151,7 @@ class _Worker:
         self.confinement: dict | None = None
         self.scratch_tmpfs = False
         self.cgroup: WorkerCgroup | None = None  # a memory and a task limit for the worker and its children
+        self._kill_lock = threading.Lock()  # its serving thread and `close` may both kill it
 
     def start(self) -> None:
         """Start the process and send its set-up; `wait_ready` reads the answer."""
@@ -246,9 +252,23 @@ class _Worker:
             return f"the reward worker was killed by {signal.Signals(sig).name}"
         return f"the reward worker exited with status {code}"
 
+    def interrupt(self) -> None:
+        """SIGKILL the worker's process group, from any thread: its serving thread, reading, sees the
+        end of the pipe at once and cleans up (`kill`)."""
+        proc = self.proc
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def kill(self) -> None:
         """Kill the worker's whole process group (its PID 1 dies with the worker: PDEATHSIG, and
         the namespace with it) and remove its scratch directory."""
+        with self._kill_lock:
+            self._kill()
+
+    def _kill(self) -> None:
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -292,6 +312,8 @@ class SandboxPool:
         # still read the ids of its own call process's calls from memory: reward.isolation)
         self._ids = iter(lambda: secrets.randbits(53), None)
         self._workers = [_Worker(self, slot) for slot in range(limits.workers)]
+        self._closed = False
+        self._lock = threading.Lock()  # `close` against a serving thread starting a worker
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)  # no leaked processes, even unclosed
         try:
             for w in self._workers:  # start them all, then wait: they confine and import in parallel
@@ -320,20 +342,30 @@ class SandboxPool:
             print(self.notice, file=sys.stderr)
             self.notice = None
         batch = Batch(len(calls))
-        size = max(1, min(CHUNK, -(-len(calls) // len(self._workers))))
-        for start in range(0, len(calls), size):
-            self._tasks.put((batch, start, list(calls[start:start + size])))
+        for fn_index in sorted({c.fn_index for c in calls}):  # one function per chunk (the module docstring)
+            indices = [i for i, c in enumerate(calls) if c.fn_index == fn_index]
+            size = max(1, min(CHUNK, -(-len(indices) // len(self._workers))))
+            for start in range(0, len(indices), size):
+                chunk = indices[start:start + size]
+                self._tasks.put((batch, chunk, [calls[i] for i in chunk]))
         return batch
 
     def run(self, calls: Sequence[Call]) -> list[Outcome]:
         return self.submit(calls).result()
 
     def close(self) -> None:
-        """Stop the threads and kill every worker (idempotent)."""
+        """Kill every worker now, whatever its calls are doing (a second Ctrl-C ends a run through
+        here: nothing waits for a reward's timeout), answer every call not yet answered (failed:
+        CLOSED), stop the threads; no worker starts after (idempotent)."""
+        with self._lock:
+            self._closed = True
+        for w in self._workers:
+            w.interrupt()
         for _ in self._threads:
             self._tasks.put(None)
+        deadline = time.monotonic() + CLOSE_WAIT_S
         for t in self._threads:
-            t.join(timeout=self.limits.timeout_s + 10)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         self._finalizer()
 
     def __enter__(self) -> "SandboxPool":
@@ -348,27 +380,42 @@ class SandboxPool:
             task = self._tasks.get()
             if task is None:
                 return
-            batch, offset, calls = task
+            batch, indices, calls = task
             i = 0
             while i < len(calls):
                 try:
-                    i = self._run_chunk(w, batch, offset, calls, i)
+                    i = self._run_chunk(w, batch, indices, calls, i)
                 except Exception as e:  # a bug here must not leave the batch waiting forever
                     w.kill()
                     for j in range(i, len(calls)):
-                        batch._set(offset + j, Outcome(None, f"reward sandbox error: {type(e).__name__}: {e}"))
+                        batch._set(indices[j], Outcome(None, f"reward sandbox error: {type(e).__name__}: {e}"))
                     break
 
-    def _run_chunk(self, w: _Worker, batch: Batch, offset: int, calls: list[Call], i: int) -> int:
-        """Run calls[i:] on `w`; returns the index of the first call not yet answered."""
+    def _start(self, w: _Worker) -> bool:
+        """Start a fresh worker in `w`'s slot, or False once the pool is closed: under the lock `close`
+        takes, so a worker started meanwhile exists by the time `close` kills them all."""
+        with self._lock:
+            if self._closed:
+                return False
+            w.start()
+        w.wait_ready()
+        return True
+
+    def _run_chunk(self, w: _Worker, batch: Batch, indices: list[int], calls: list[Call], i: int) -> int:
+        """Run calls[i:] on `w` (the batch's calls `indices`); returns the index of the first call not
+        yet answered."""
         if w.proc is None:
             try:
-                w.start()
-                w.wait_ready()
+                started = self._start(w)
             except (PoiseError, OSError) as e:  # a worker that cannot restart fails its call, not the run
                 w.kill()
-                batch._set(offset + i, Outcome(None, f"the reward worker could not restart: {e}"))
+                batch._set(indices[i], Outcome(None, CLOSED if self._closed else
+                                               f"the reward worker could not restart: {e}"))
                 return i + 1
+            if not started:
+                for j in range(i, len(calls)):
+                    batch._set(indices[j], Outcome(None, CLOSED))
+                return len(calls)
         ids = [next(self._ids) for _ in calls[i:]]
         try:  # plain tuples: unpickling a Call would import this module there
             w.send([(call_id, *c) for call_id, c in zip(ids, calls[i:])])
@@ -381,23 +428,23 @@ class SandboxPool:
             try:
                 message = w.read(deadline)
             except EOFError:
-                reason = w.exit_reason()
+                reason = CLOSED if self._closed else w.exit_reason()
                 w.kill()
                 self.restarts += 1
-                batch._set(offset + i, Outcome(None, reason))
+                batch._set(indices[i], Outcome(None, reason))
                 return i + 1
             if message is None:
                 w.kill()
                 self.restarts += 1
-                batch._set(offset + i, Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
+                batch._set(indices[i], Outcome(None, f"timed out after {self.limits.timeout_s:g} s (reward.timeout_s)"))
                 return i + 1
             outcome = _checked(message, call_id, self.specs[calls[i].fn_index].env is not None)
             if outcome is None:  # any unexpected byte: this worker is done
                 w.kill()
                 self.restarts += 1
-                batch._set(offset + i, Outcome(None, "unexpected answer from the reward worker; it was replaced"))
+                batch._set(indices[i], Outcome(None, "unexpected answer from the reward worker; it was replaced"))
                 return i + 1
-            batch._set(offset + i, outcome)
+            batch._set(indices[i], outcome)
             i += 1
             deadline = time.monotonic() + self.limits.timeout_s
         return i

@@ -20,10 +20,12 @@ id, one finite number or a reason) and writes its own line to the pool; any othe
 call process and fails its current call. So user code shares no process, fd or module with the
 pool's channel, a reward cannot answer for a call of another batch (or, `per_child` 1, of
 another sample), and a patched module dies with its call process. After each call process the
-server kills what it left (PID namespace) and empties the scratch directory.
+server kills what it left (PID namespace) and empties the scratch directory. A call process runs the
+calls of one reward function only: one function can fail no other function's calls.
 
-Start-up order: read the first message, confine (poise.rewards.confine: namespaces, then the
-privilege drop, limits, Landlock and seccomp), then check in a call process that the reward
+Start-up order: read the first message, confine (poise.rewards.confine: namespaces, the mount
+skeleton that lets the dropped uid read without a capability, then the privilege drop, limits,
+Landlock and seccomp), then check in a call process that the reward
 functions import, so user code, even at import time, runs confined and never in the server.
 Each call gets one sample (lists of length 1): a reward is a function of its own sample, never of
 which samples shared its batch.
@@ -266,7 +268,9 @@ class _Server:
     def __init__(self, init: dict, results: int, report: confine.Confinement, ruleset: int | None):
         self.init, self.results, self.report, self.ruleset = init, results, report, ruleset
         self.scratch = os.getcwd()
-        self.keep_caps = 1 << confine.CAP_DAC_READ_SEARCH if report.uid == init["uid"] else 0
+        # root dropped to init["uid"] keeps this capability only where expose_reads could not do without it
+        kept = report.uid == init["uid"] and not report.reads_exposed
+        self.keep_caps = 1 << confine.CAP_DAC_READ_SEARCH if kept else 0
 
     # --- the call process ----------------------------------------------------------------------
     def _call_process(self, calls: list, out: int) -> None:
@@ -364,7 +368,7 @@ class _Server:
         per_child, own_namespace = self.init["per_child"], self.report.pid_namespace
         i = 0
         while i < len(calls):
-            group = calls[i:i + per_child]
+            group = _one_function(calls[i:i + per_child])
             pid, lines = self._fork(group)
             ended = False
             for j, call in enumerate(group):
@@ -386,6 +390,16 @@ class _Server:
             i += j + 1
             if not ended:
                 self._end(pid, lines, own_namespace)
+
+
+def _one_function(calls: list) -> list:
+    """The leading calls of `calls` that run the same reward function: a call process never runs two
+    functions, so what one function does to its process (a forged line, a kill, a patched module)
+    can fail only its own calls, never another function's (whose failures would be logged against
+    it)."""
+    fn_index = calls[0][1]
+    n = next((k for k, call in enumerate(calls) if call[1] != fn_index), len(calls))
+    return calls[:n]
 
 
 TAMPERED = "the reward wrote to its result channel (unexpected bytes); its process was replaced"
@@ -485,12 +499,14 @@ def main() -> None:
             _pass_on_exit(server)
     else:
         confine.die_with_parent()
+    reads = confine.system_reads() + list(init["reads"])
+    confine.expose_reads(reads + [os.getcwd()], init["uid"], report)  # the server's mount namespace, not the watcher's
     confine.drop_root(init["uid"], report)
     confine.adopt_orphans()  # whatever a call process leaves behind stays our child, for _reap
     # the task limit counts only this worker's tasks in a user namespace of its own, or as a uid of its own
     own_user = (os.geteuid() != 0 and report.network == "namespace") or report.uid == init["uid"]
     confine.set_limits(init["memory_mb"], report, own_user)
-    ruleset = confine.landlock(confine.system_reads() + list(init["reads"]), [os.getcwd(), "/dev/null"], report)
+    ruleset = confine.landlock(reads, [os.getcwd(), "/dev/null"], report)
     confine.block_unix_sockets(report)
     confine.not_dumpable()
     import poise.rewards.builtin  # noqa: F401 - ours, not user code: imported once, shared by every call process
