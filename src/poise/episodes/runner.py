@@ -97,8 +97,13 @@ class EpisodeRunner:
         their environments reset at once (in the sandbox): `poll` hands out their first turns."""
         indices = list(range(len(problems))) if prompts is None else list(prompts)
         self.version = version
-        for sid in [sid for sid in self.episodes if sid[0] == step]:  # a step started again (a recovery)
+        # a step started again (a recovery): its episodes start over, none handed out twice
+        for sid in [sid for sid in self.episodes if sid[0] == step]:
             del self.episodes[sid], self._rows[sid]
+        self._ready = [r for r in self._ready if r.sample_id[0] != step]
+        self._over = [s for s in self._over if s.sample_id[0] != step]
+        for sid in [sid for sid in self.stats if sid[0] == step]:
+            del self.stats[sid]
         ids = []
         for i, problem, prompt in zip(indices, problems, prompt_ids):
             row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
