@@ -478,7 +478,7 @@ class Driver:
                          ) -> list[tuple[Sample, float]]:
         """`collect` for multi-turn episodes: each finished turn goes to its environment at once (in
         the reward sandbox) while the rollout devices decode other turns; an environment's answer
-        hands the next turn to the least busy instance; an episode that ends is scored (the reward
+        hands the next turn to a rollout instance (`submit_turns`); an episode that ends is scored (the reward
         functions on its last turn plus its environment's rewards) and goes on (to the trainer)."""
         runner, scored = self.episodes, []
         pending: list[tuple[list[Sample], PendingRewards]] = []

@@ -115,12 +115,16 @@ class StreamGenerationService:
             inst.unseen += len(requests)
 
     def submit_turns(self, requests: Sequence[Request]) -> None:
-        """Episodes: next turns, each to the instance with the least in flight (which instance runs a
-        turn changes no token: the turn re-fills the episode so far). `stream` takes them like the
-        step's own."""
+        """Episodes: next turns, each to the instance that ran the episode's last turn (the
+        dispatcher's placement holds for the whole episode: a long-tail group stays on its
+        small-batch instance), or, where that device no longer generates (a resize, a death), to the
+        one with the least in flight. Which instance runs a turn changes no token (the turn re-fills
+        the episode so far). `stream` takes them like the step's own."""
         work: dict[int, list[Request]] = {}
+        by_device = {inst.device: inst for inst in self.generating}
         for request in requests:
-            inst = min(self.generating, key=lambda i: (i.in_flight + i.unseen, i.device))
+            inst = by_device.get(self.instance_of.get(tuple(request.sample_id), -1)) or \
+                min(self.generating, key=lambda i: (i.in_flight + i.unseen, i.device))
             work.setdefault(inst.device, []).append(request)
             inst.unseen += 1
             self.instance_of[tuple(request.sample_id)] = inst.device
