@@ -97,7 +97,7 @@ def _assert_same(record, ref, what):
     assert _masks(record) == _masks(ref), what
 
 
-@pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
+@pytest.mark.parametrize("split", [(1, 3), (2, 2), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
 def test_sync_episodes_equal_the_colocated_loop_for_every_split(ray_session, runs, reference, warm, split):
     record = runs.get(f"sync-{split[0]}-{split[1]}", train_disaggregated, "pipeline.mode=sync",
                       f"cluster.split=[{split[0]},{split[1]}]", "run.verify_sync=true")
