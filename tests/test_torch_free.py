@@ -1,4 +1,4 @@
-"""The core is torch-free (DESIGN.md, Layers): config, types, policy, sim, the run directory and
+"""The core is torch-free (docs/design.md, Layers): config, types, policy, sim, the run directory and
 emulated compute import and run with torch and transformers blocked, and an emulated job's worker
 actors never import torch (each would pay ~120 MB for it: benchmarks/emulated_memory.py)."""
 

@@ -1,6 +1,6 @@
 """Poise: RL post-training of LLMs on disaggregated devices.
 
-See DESIGN.md for the layers; `poise.policy` is pure and never imports torch or ray.
+See docs/design.md for the layers; `poise.policy` is pure and never imports torch or ray.
 
 The Python API (poise/api.py): `poise.train(config, **overrides) -> RunResult`,
 `poise.load_config(config, **overrides)`, `poise.simulate(scenario, out, **overrides)`. They load

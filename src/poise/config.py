@@ -2,7 +2,7 @@
 
 Each component receives only its own section (STYLE.md rule 3). Load with
 `load_train_config(path, overrides)`; every bad key, type or value fails here, before any work.
-Torch-free, down to the engine, sampling and tiny-model sections (DESIGN.md, Layers): the driver
+Torch-free, down to the engine, sampling and tiny-model sections (docs/design.md, Layers): the driver
 and emulated workers load and unpickle every section without importing torch.
 """
 
@@ -640,7 +640,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self._check_backend()
         if self.determinism == "bitwise" and not self.rollout.batch_invariant:
-            # bitwise trajectories need batch-invariant decoding (DESIGN.md invariant 1)
+            # bitwise trajectories need batch-invariant decoding (docs/design.md invariant 1)
             object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, batch_invariant=True))
         # only a simulated or emulated workload knows its output lengths before generating them
         check(self.dispatch.ranker != "oracle" or self.cluster.compute == "emulated", "dispatch.ranker", "oracle",

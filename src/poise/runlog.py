@@ -1,6 +1,6 @@
 """The run directory's JSONL logs, shared by the runtime, the colocated loop and the simulator.
 
-Layout (DESIGN.md, "Run directory and event log"): RUN_DIR/config.yaml, RUN_DIR/metrics.jsonl
+Layout (docs/design.md, "Run directory and event log"): RUN_DIR/config.yaml, RUN_DIR/metrics.jsonl
 (one line per step), RUN_DIR/events.jsonl (one line per event, each with `t` and `kind`).
 Event kinds: interval, sample, step, decision, resize. `t` is seconds from run start: wall
 clock for real runs, virtual for simulations. Pure Python (no torch) so the simulator uses it.

@@ -1,6 +1,6 @@
 """What crosses process boundaries between rollout, trainer and driver: sample ids, requests, samples.
 
-Torch-free (DESIGN.md, Layers), so emulated workers, the stream generation service and the
+Torch-free (docs/design.md, Layers), so emulated workers, the stream generation service and the
 driver pass them around without loading torch.
 """
 

@@ -1,4 +1,4 @@
-"""poise.policy and poise.sim import with torch, ray and asyncio blocked (DESIGN.md, Layers)."""
+"""poise.policy and poise.sim import with torch, ray and asyncio blocked (docs/design.md, Layers)."""
 
 from __future__ import annotations
 

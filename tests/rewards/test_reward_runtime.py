@@ -1,4 +1,4 @@
-"""The Ray driver scores through the reward sandbox as batches arrive (DESIGN.md, Rewards): a user
+"""The Ray driver scores through the reward sandbox as batches arrive (docs/design.md, Rewards): a user
 reward file gives a sync run the same samples, rewards and updates as the colocated reference,
 an async run reports every function's mean and the failures, and no sandbox process outlives
 the run."""

@@ -1,4 +1,4 @@
-"""`poise.rewards` is its own torch-free layer (DESIGN.md, Layers): every module imports, and a
+"""`poise.rewards` is its own torch-free layer (docs/design.md, Layers): every module imports, and a
 scorer starts and scores, with torch, transformers and ray blocked."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Hostile reward functions, each a user reward file: stopped or refused within its timeout, scored
-by the fallback, counted in reward_failures, and the pool keeps working (DESIGN.md, Rewards).
+by the fallback, counted in reward_failures, and the pool keeps working (docs/design.md, Rewards).
 
 Every test pairs the hostile function with a well-behaved one (`good`: 1.0 for each completion,
 after writing and reading back a file in its scratch directory) in the same pool, and scores a

@@ -1,5 +1,5 @@
 """Attacks on the reward sandbox's results and on the machine around it, each written as the
-attacker would try it, through every channel, fd and module the sandbox created (DESIGN.md,
+attacker would try it, through every channel, fd and module the sandbox created (docs/design.md,
 Rewards: user code never shares a process, an fd or a writable module with the channel that
 reports its result). RELIABILITY.md lists them with the layer that stops each.
 

@@ -233,7 +233,7 @@ def test_fast_mode_tokens_do_not_depend_on_the_batch(qwen2):
 
 
 def test_batch_invariance_with_two_threads(qwen2):
-    # bitwise holds at a fixed thread count per device (DESIGN.md invariant 1), here two: threaded
+    # bitwise holds at a fixed thread count per device (docs/design.md invariant 1), here two: threaded
     # kernels must not make a row depend on its batch. Across thread counts MKL may split a
     # reduction differently (seen on an AMD EPYC host), which no invariant promises.
     reqs = requests(10)

@@ -124,7 +124,7 @@ def _short(value: int | float) -> str:
 # Runs in the child before the user's program: limits first, then the program from stdin. Like
 # `-I -S` (no user or site packages, no current directory on the path; the environment is scrubbed
 # instead of ignored) but with a fixed hash seed: set order must not differ between two runs of
-# one episode (DESIGN.md, Episodes: an interrupted episode resumes with the same tokens).
+# one episode (docs/design.md, Episodes: an interrupted episode resumes with the same tokens).
 _FLAGS = ("-s", "-S", "-P")
 _BOOT = r"""
 import resource, sys

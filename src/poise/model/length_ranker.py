@@ -17,7 +17,7 @@ So its state after a `scores` call is a function of (seed, config, the multiset 
 observed before each call): how the samples were chunked into `observe` calls, and their
 arrival order within a step, change nothing. Torch work runs with `threads` torch threads
 (restored afterwards) and a seeded generator; the ranker only orders dispatch, never tokens
-(DESIGN.md invariant 1), but it is deterministic anyway.
+(docs/design.md invariant 1), but it is deterministic anyway.
 
 Prompts seen before: the model's prediction is the prior, the prompt's own observed mean log
 length the evidence, combined by precision (empirical Bayes: n samples of per-sample variance

@@ -1,4 +1,4 @@
-"""Pure policy core shared verbatim by the Ray runtime and the simulator (DESIGN.md, "Layers").
+"""Pure policy core shared verbatim by the Ray runtime and the simulator (docs/design.md, "Layers").
 
 Events in, actions out; the caller passes `now`. No torch, ray, asyncio, clock reads or global
 random state (tests/policy/test_purity.py imports this package with those blocked).

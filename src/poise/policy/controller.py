@@ -98,7 +98,7 @@ class ResizeConfig:
     inflight: Literal["drain", "abort"] = help_field(
         "drain", "simulator, async only: let in-flight generation finish on the old split before "
         "resizing (the paper's mixed step), or abort it at the decision and resume the unfinished "
-        "samples as partial samples on the new split (DESIGN.md, Resize). The runtime always aborts")
+        "samples as partial samples on the new split (docs/design.md, Resize). The runtime always aborts")
     staging_mb: float = help_field(
         4.0, "live resize: host buffer, MiB, through which a device joining the trainer receives "
         "its optimizer state chunk by chunk")

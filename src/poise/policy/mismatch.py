@@ -5,7 +5,7 @@ log-prob of the same token under the same weights can differ: another kernel (vL
 dtype (bf16), another reduction order. Each micro-batch of a step's first mini-batch (whose
 forward runs at the step-start weights) reports `MismatchStats`; the step's numbers are their
 sums, in micro-batch index order, so they come out the same bits whatever the split of the
-micro-batches over devices (DESIGN.md invariant 1). In async mode a step's samples come from
+micro-batches over devices (docs/design.md invariant 1). In async mode a step's samples come from
 the weights one update older (invariant 4), so the difference includes that update's change too.
 
 Quantiles do not add up over micro-batches; a fixed-grid histogram does. The signed log-ratio

@@ -1,5 +1,5 @@
 """The pipeline vocabulary and the rules the runtime driver and the simulated driver must agree
-on (DESIGN.md invariants 3 and 4), as pure functions so neither can drift from the other.
+on (docs/design.md invariants 3 and 4), as pure functions so neither can drift from the other.
 
     PipelineConfig(mode, streaming)      the `pipeline:` section of `poise train` and of scenarios
     pipeline_kind(mode, streaming)       sync | stream | async: what the allocator, the resize

@@ -1,4 +1,4 @@
-"""The step plan: what one RL step trains on and how, as one pure function (DESIGN.md invariants
+"""The step plan: what one RL step trains on and how, as one pure function (docs/design.md invariants
 3, 4 and 5). The colocated loop, the runtime's trainer group, the simulator and the emulated
 trainer all consume it; none of them cuts batches or sums normalisers on its own.
 

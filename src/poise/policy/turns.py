@@ -1,6 +1,6 @@
 """Multi-turn episodes on continuous batching: when each episode's turns run and when it ends.
 
-An episode (DESIGN.md, Episodes) is a prompt, then model turns and environment observations
+An episode (docs/design.md, Episodes) is a prompt, then model turns and environment observations
 alternating. Each model turn is a request on a rollout instance; after it the environment works
 for `env_s[i]` seconds (in the sandbox, off the device) and its observation joins the episode.
 What the engine slot does meanwhile is the slot rule:

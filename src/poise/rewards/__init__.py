@@ -1,4 +1,4 @@
-"""Reward functions and the sandbox that runs them (DESIGN.md, Layers: `rewards/`, no torch).
+"""Reward functions and the sandbox that runs them (docs/design.md, Layers: `rewards/`, no torch).
 
 - `builtin`: the built-in functions (`task`, `exact`, `items`, `math`, `code`), TRL-compatible:
   `fn(prompts, completions, **columns) -> list[float]`.

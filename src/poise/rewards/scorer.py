@@ -8,7 +8,7 @@
 A sample's reward is `sum(weight_f * r_f)` over the functions in config order, where `r_f` is the
 function's reward for that sample alone or, when the call failed, `reward.fallback`. Each sample
 is one call per function (poise.rewards.worker), so the same sample gets the same reward whatever
-it was batched with (DESIGN.md invariant 1), as long as the function itself is deterministic.
+it was batched with (docs/design.md invariant 1), as long as the function itself is deterministic.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def _env_answer(cls: Callable[..., Any], env: dict, history: str, row: dict) -> 
     replay the episode's earlier actions and step the last one; returns [observation, reward, done,
     info] of that step (of `reset` when there is no action yet). Replaying keeps no state between
     calls, so an episode continues the same on any worker, after a restart or a worker's death: an
-    environment is a function of (row, seed, actions), as DESIGN.md asks."""
+    environment is a function of (row, seed, actions), as docs/design.md asks."""
     spec = json.loads(history)
     seed, actions = spec["seed"], spec["actions"]
     for module in env.get("preload", ()):  # the tools' modules, by file, before the environment imports them

@@ -7,7 +7,7 @@ per step; a sequence leaves on EOS, a stop string, its token budget or the end o
 and the freed slot goes to the next request. Each finished sample goes out at once (the
 `on_sample` callback, `stream()`, or `step()`'s return value) — StreamRL's stream generation.
 
-Determinism (DESIGN.md invariants 1 and 2). Sampling randomness is a pure function of
+Determinism (docs/design.md invariants 1 and 2). Sampling randomness is a pure function of
 (seed, sample id, position) (`poise.rollout.sampling`), so a sample's tokens depend only on its
 logits; each slot's noise is made 32 positions ahead (`NoiseTable`: the same bits, fewer small
 ops per step). With `batch_invariant: true` the logits are bit-identical whatever else runs. Batch

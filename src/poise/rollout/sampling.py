@@ -1,6 +1,6 @@
 """Token sampling whose randomness is a pure function of (seed, sample id, token position).
 
-DESIGN.md invariant 2. Each (seed, step, prompt_index, sample_index, position, vocab id) is
+docs/design.md invariant 2. Each (seed, step, prompt_index, sample_index, position, vocab id) is
 hashed with a counter-based mixer (splitmix64) to a uniform u, and the token is chosen by the
 Gumbel-max rule over the tempered, top-k/top-p-filtered log-probabilities:
 

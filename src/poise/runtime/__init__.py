@@ -1,4 +1,4 @@
-"""The disaggregated runtime on Ray — the only package that imports ray (DESIGN.md, layers)."""
+"""The disaggregated runtime on Ray — the only package that imports ray (docs/design.md, layers)."""
 
 import os
 

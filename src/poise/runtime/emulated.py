@@ -1,5 +1,5 @@
 """Emulated compute (`cluster.compute: emulated`): the real runtime with its compute replaced by
-sleeps priced by the cost model, so 16-64 devices run on a 2-core machine (DESIGN.md, "Emulated
+sleeps priced by the cost model, so 16-64 devices run on a 2-core machine (docs/design.md, "Emulated
 compute").
 
 Everything that is control plane stays real: the worker actors and the placement group, the

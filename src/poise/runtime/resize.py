@@ -1,4 +1,4 @@
-"""Live resize on the runtime (DynaResize §3, DESIGN.md "Resize (live)"): devices switch between
+"""Live resize on the runtime (DynaResize §3, docs/design.md "Resize (live)"): devices switch between
 the rollout and train roles between two steps, on the same long-lived actors, without a restart
 and without changing a bit of what the job computes.
 

@@ -1,4 +1,4 @@
-"""Elastic scale-out on the runtime (StreamRL §4.2, DESIGN.md "Device pool"): a reserve device
+"""Elastic scale-out on the runtime (StreamRL §4.2, docs/design.md "Device pool"): a reserve device
 joins the running job as one more rollout instance, without a restart and without changing a
 bit of what the job computes (sampling is a function of the sample id: invariant 2).
 

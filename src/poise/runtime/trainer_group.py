@@ -2,7 +2,7 @@
 
 Everything about what a step trains on comes from its `StepPlan` (poise.policy.plan): the exact
 set of sample ids (a duplicate or unknown id fails at once, a missing one when generation ends:
-DESIGN.md invariant 5), the mini-batches, the canonical micro-batches and which train device owns
+docs/design.md invariant 5), the mini-batches, the canonical micro-batches and which train device owns
 each. A micro-batch starts as soon as its samples and their prompt groups (for GRPO advantages)
 are all in — with `streaming: false` nothing starts before the whole batch is in. Each mini-batch
 ends with one reduction and one optimizer step on every train device (Ray runs an actor's calls in

@@ -1,5 +1,5 @@
 """One long-lived worker actor per device. Its role (rollout engine or train shard) changes; the
-actor does not (DESIGN.md, "Device pool").
+actor does not (docs/design.md, "Device pool").
 
 The worker holds three role objects behind the Protocols of `runtime/roles.py` and delegates to
 them; real compute (`runtime/train_shard.py`, torch) and emulated compute (`runtime/emulated.py`,
@@ -118,7 +118,7 @@ class Device(FileEndpoint):
         return self.loop.abort()
 
     def resume_generation(self, partials: list, requests: list, cap: int) -> None:
-        """Continue another device's partial samples (same tokens: DESIGN.md invariant 2), then
+        """Continue another device's partial samples (same tokens: docs/design.md invariant 2), then
         its unstarted requests."""
         self.loop.resume(partials, requests, cap)
 

@@ -1,4 +1,4 @@
-"""Discrete-event simulator on a virtual clock (DESIGN.md, "Layers").
+"""Discrete-event simulator on a virtual clock (docs/design.md, "Layers").
 
 Runs the driver loop with emulated rollout instances (continuous batching priced by
 `poise.policy.cost`) and an emulated trainer, calling the same policy objects as the runtime.

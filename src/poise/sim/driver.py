@@ -2,7 +2,7 @@
 and trainer, calling the same policy objects the runtime calls (allocator, dispatcher, ranker,
 resize controller).
 
-One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it uses):
+One step k, in every pipeline mode (docs/design.md invariant 4 fixes which weights it uses):
 
     weights  sync/stream: step k generates with weights version k (needs train k-1 + sync);
              async: with version k-1 (needs train k-2 + sync), so generation of step k overlaps
@@ -17,7 +17,7 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              environment wait; it is done when its last environment call answers.
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
-             arrival: DESIGN.md invariant 3), micro-batch j on its owner train device
+             arrival: docs/design.md invariant 3), micro-batch j on its owner train device
              (contiguous ranges), each device training its own one after another. sync/async:
              from the end of generation; stream: each as soon as all its samples are in. With
              pipeline.assist, what has not started when generation ends is shared over the
@@ -30,7 +30,7 @@ One step k, in every pipeline mode (DESIGN.md invariant 4 fixes which weights it
              overlaps the first train step and its optimizer step waits on it (§3.3).
 
 In-flight generation at a resize (async only; in sync modes nothing is in flight): `drain`
-(default, the paper's mixed step) lets it finish on the old split first; `abort` (DESIGN.md,
+(default, the paper's mixed step) lets it finish on the old split first; `abort` (docs/design.md,
 Resize) stops it at the decision and resumes every unfinished sample as a partial sample on
 the new split after the critical path, keeping the tokens it had (re-prefilled).
 """

@@ -10,7 +10,7 @@ Two sources with one interface, `workload.step(k) -> list[SimSample]`:
 - `TraceWorkload`: a JSONL trace, one sample per line: {"prompt_id", "step", "output_length"}
   (optional "prompt_length"), e.g. exported from a real run's `sample` events.
 
-With `episode:` (parametric only) every sample is a multi-turn episode (DESIGN.md, Episodes): its
+With `episode:` (parametric only) every sample is a multi-turn episode (docs/design.md, Episodes): its
 turns, observation tokens and environment seconds are drawn per episode, and a family's length
 law becomes the law of one model turn (each turn its own noise around the prompt's length).
 
@@ -149,7 +149,7 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class SimSample:
-    sample_id: tuple[int, int, int]  # (step, prompt index, sample index): DESIGN.md invariant 2
+    sample_id: tuple[int, int, int]  # (step, prompt index, sample index): docs/design.md invariant 2
     prompt: Prompt
     prompt_len: int
     output_length: int

@@ -1,4 +1,4 @@
-"""Fixed binary-tree summation over micro-batch index (DESIGN.md invariant 3).
+"""Fixed binary-tree summation over micro-batch index (docs/design.md invariant 3).
 
 Node (level L, index i) covers micro-batches [i * 2^L, (i + 1) * 2^L) ∩ [0, M). Its sum is
 left child + right child, or the left child alone when the right one is empty. Any contiguous
