@@ -55,7 +55,7 @@ from poise.schema import dump, to_dict
 from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
                                     encode_samples, latest_checkpoint, prune_checkpoints)
 from poise.train.progress import StepProgress
-from poise.types import Sample, SampleId
+from poise.types import Sample, SampleId, trained_tokens
 
 SCORE_WAIT_S = 0.02  # how long the driver waits for a just-arrived batch's rewards before taking the next batch
 DYNAMIC_DRAWS = "dynamic_draws.json"  # an async checkpoint's next step: which draw each slot holds
@@ -572,7 +572,7 @@ class Driver:
     def shaped(self, sample: Sample, reward: float) -> float:
         """The reward the algorithm sees: the reward functions' plus overlong shaping (algo/shaping.py)."""
         a = self.cfg.algorithm
-        return reward + overlong_penalty(len(sample.token_ids), a.sampling.max_new_tokens, a.overlong_buffer,
+        return reward + overlong_penalty(trained_tokens(sample), a.sampling.max_new_tokens, a.overlong_buffer,
                                          a.overlong_penalty)
 
     def take_scored(self, batch: list[Sample], rewards: PendingRewards, stream_to_trainer: bool

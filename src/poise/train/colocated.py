@@ -35,7 +35,7 @@ from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
 from poise.train.setup import compute_dtype, make_model, make_policy, pin_threads, run_device
 from poise.train.trainer import PolicyTrainer
-from poise.types import Request, SampleId
+from poise.types import Request, SampleId, trained_tokens
 
 
 class ColocatedLoop:
@@ -113,7 +113,7 @@ class ColocatedLoop:
     def shaped(self, sample, reward: float) -> float:
         """The reward the algorithm sees: the reward functions' plus overlong shaping (algo/shaping.py)."""
         a = self.cfg.algorithm
-        return reward + overlong_penalty(len(sample.token_ids), a.sampling.max_new_tokens, a.overlong_buffer,
+        return reward + overlong_penalty(trained_tokens(sample), a.sampling.max_new_tokens, a.overlong_buffer,
                                          a.overlong_penalty)
 
     def generate_dynamic(self, step: int, problems: list[Problem]):
