@@ -469,6 +469,13 @@ class EmulationConfig:
         return self.devices_per_process or max(1, -(-devices // AUTO_EMULATED_PROCESSES))
 
 
+# A reward's magnitude bound: beyond it a reward is a failed call (poise.rewards.scorer). A finite
+# 1e308 passes isfinite yet overflows the sums and squares the advantages take; within these bounds a
+# weighted sum over functions and the std of a step's batch stay far from float overflow.
+REWARD_LIMIT = 1e12
+REWARD_WEIGHT_LIMIT = 1e6
+
+
 @dataclass(frozen=True)
 class RewardFunctionConfig:
     """One reward function of `reward.functions` (poise.rewards.functions resolves it at start)."""
@@ -489,7 +496,8 @@ class RewardFunctionConfig:
         else:
             check(self.fn in REWARD_BUILTINS, "fn", self.fn, f"unknown built-in; choose one of "
                   f"{', '.join(REWARD_BUILTINS)}, or give 'module:function' or 'path/to/file.py:function'")
-        check(math.isfinite(self.weight), "weight", self.weight, "must be a finite number, e.g. 1.0")
+        check(math.isfinite(self.weight) and abs(self.weight) <= REWARD_WEIGHT_LIMIT, "weight", self.weight,
+              f"must be a finite number within ±{REWARD_WEIGHT_LIMIT:g}, e.g. 1.0")
 
     @property
     def label(self) -> str:
@@ -528,7 +536,8 @@ class RewardConfig:
             check(labels.index(label) == i, f"functions[{i}].name", label,
                   "two functions would both report as reward/" + label + "; give one a distinct `name`")
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0, e.g. 10")
-        check(math.isfinite(self.fallback), "fallback", self.fallback, "must be a finite number, e.g. 0.0")
+        check(math.isfinite(self.fallback) and abs(self.fallback) <= REWARD_LIMIT, "fallback", self.fallback,
+              f"must be a finite number within ±{REWARD_LIMIT:g}, e.g. 0.0")
         check(self.workers >= 1, "workers", self.workers, "must be >= 1")
         check(self.memory_mb >= 64, "memory_mb", self.memory_mb, "must be >= 64 (a Python worker needs ~30 MiB)")
         check(self.cpu_s > 0, "cpu_s", self.cpu_s, "must be > 0, e.g. 10")
