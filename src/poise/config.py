@@ -49,9 +49,10 @@ class RunConfig:
     steps: int = help_field(40, "RL steps (optimizer updates)")
     dir: str = help_field("runs/default", "run directory for config, logs and checkpoints")
     checkpoint_every: int = help_field(10, "save a checkpoint every N steps (and at the last step); 0 = last only")
-    keep_checkpoints: int = help_field(0, "after each save, delete all but the newest N checkpoints; 0 = keep all "
-                                          "(the default, as HF Trainer's save_total_limit: nothing is deleted "
-                                          "unless asked)")
+    keep_checkpoints: int = help_field(0, "keep only the newest N checkpoints: the older ones go before each save "
+                                          "(so a smaller N frees a full disk's room; the newest stays) and after "
+                                          "it; 0 = keep all (the default, as HF Trainer's save_total_limit: "
+                                          "nothing is deleted unless asked)")
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
     log_tokens: bool = help_field(False, "also write each sample's token ids and log-probs into its events.jsonl line")

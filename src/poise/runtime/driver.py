@@ -50,7 +50,7 @@ from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump, to_dict
 from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
-                                    encode_samples, latest_checkpoint, prune_checkpoints)
+                                    encode_samples, latest_checkpoint, prune_before_save, prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId
 
@@ -609,6 +609,7 @@ class Driver:
                 if done in self.dynamic:
                     d = self.dynamic[done]
                     extra[DYNAMIC_DRAWS] = json.dumps({"slots": d.slots, "metrics": d.metrics}).encode()
+            prune_before_save(self.run_dir, run.keep_checkpoints, done)  # room first: the disk may be full
             # the driver's run.dir: written there by the leader, or through the driver (runtime/storage.py)
             self.rt.store.save(self.rt.leader, self.rt.workers[self.rt.leader], self.run_dir, done, self.version,
                                extra, f"the checkpoint after step {done - 1}")

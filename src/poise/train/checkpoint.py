@@ -273,6 +273,32 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
     return old
 
 
+def prune_before_save(run_dir: str | Path, keep: int, step: int) -> list[Path]:
+    """Before checkpoint `step` is written: delete the older checkpoints that `prune_checkpoints`
+    would delete once it is, so a disk that a smaller `keep` was meant to relieve has their room for
+    the save (pruning only after a save could never rescue a full disk). Kept whatever `keep`: the
+    newest older checkpoint and the one the `latest` marker names (the last completed save), so a
+    save that fails still leaves the run its resume point. Returns those deleted."""
+    if keep <= 0:
+        return []
+    root = Path(run_dir) / "checkpoints"
+    older = [p for p in _step_dirs(root) if int(STEP_DIR.fullmatch(p.name).group(1)) < step]
+    kept = {p.name for p in older[:max(keep - 1, 1)]} | {_marked(root)}
+    doomed = [p for p in older if p.name not in kept]
+    for path in doomed:
+        _discard(path)
+    return doomed
+
+
+def _marked(root: Path) -> str:
+    """The name the `latest` marker holds ('' when it is missing, unreadable or not a plain file)."""
+    try:
+        with _open(root, MARKER) as f:
+            return f.read(256).decode().strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of a run: the newest step_* directory that verifies.
 
