@@ -308,18 +308,27 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """
     root = Path(run_dir) / "checkpoints"
     _check_marker(root)
-    skipped = []
-    for path in _step_dirs(root):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            for name, why in skipped:
-                print(f"poise: warning: checkpoint {name} is incomplete ({why}); resuming from {path.name}",
-                      file=sys.stderr)
-            return path
-        skipped.append((path.name, problem))
+    path, skipped = newest_intact_checkpoint(run_dir)
+    if path is not None:
+        for name, why in skipped:
+            print(f"poise: warning: checkpoint {name} is incomplete ({why}); resuming from {path.name}",
+                  file=sys.stderr)
+        return path
     found = "; ".join(f"{name}: {why}" for name, why in skipped) or "none saved"
     raise PoiseError(f"no complete checkpoint in '{root}' to resume from ({found}); "
                      "start a fresh run (drop --resume, or set run.overwrite=true)")
+
+
+def newest_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest step_* directory of a run that verifies (None if none does), and each newer one
+    skipped, with what is wrong with it (`verify_checkpoint`)."""
+    skipped = []
+    for path in _step_dirs(Path(run_dir) / "checkpoints"):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path.name, problem))
+    return None, skipped
 
 
 def verify_checkpoint(path: Path, step: int | None = None) -> str | None:
