@@ -73,8 +73,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     `keep`: only these parameters are allocated and read; every other one keeps its shape with
     an empty storage (`cluster.shard: full`: a train device starts with its own run alone).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
     if not path.is_dir():
@@ -91,13 +89,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise PoiseError(f"cannot read '{path / 'config.json'}': {_reason(e)}") from None
     check_model_type(model_type)
     device = torch.device(device)
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    except Exception as e:  # transformers' validation raises its own types (e.g. a strict-dataclass error)
-        raise PoiseError(f"cannot load model from '{path}': its config.json is refused ({_reason(e)}); "
-                         "fix config.json or save the model again") from None
+    model = _meta_model(path, dtype)
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = _tied_aliases(model)
     headers = [(file, _safetensors_header(file)) for file in files]
@@ -138,6 +130,19 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                     if name in params and params[name].untyped_storage().nbytes():
                         _read_into(f, start, end, file_dtype, shape, params[name])
     return model.eval()
+
+
+def _meta_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The model its config.json describes, built without storage (meta), or one line on why not."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    except Exception as e:  # transformers' validation raises its own types (e.g. a strict-dataclass error)
+        raise PoiseError(f"cannot load model from '{path}': its config.json is refused ({_reason(e)}); "
+                         "fix config.json or save the model again") from None
 
 
 def _tied_aliases(model: torch.nn.Module) -> set[str]:
