@@ -659,8 +659,8 @@ class Driver:
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
                       **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
         for u in updates:  # real compute reports the reduction's traffic
-            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes", "parameter_bytes")
-                       if k in u}
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "weight_bytes", "optimizer_bytes",
+                                         "parameter_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
                       step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens

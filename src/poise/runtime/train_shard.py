@@ -289,12 +289,12 @@ class TorchTrainShard:
         self.full.received = self.full.weight_bytes = 0
         return norm, received
 
-    def gather_weights(self, new_ranks: list[int]) -> int:
+    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
         """`shard: full`, before a live resize (collective over the old train group): a device
         leaving for rollout takes the whole model, one that stays its run among train devices
         `new_ranks` alone (runtime/full_shard.py `reshard`). Returns the most weight bytes it held
-        at once."""
-        return self.full.reshard(new_ranks) if self.full is not None else 0
+        at once and the weight bytes it received."""
+        return self.full.reshard(new_ranks) if self.full is not None else (0, 0)
 
     def shard_weights(self, ranks: list[int]) -> None:
         """`shard: full`: a device joining the trainer (it holds the whole model, as a rollout
