@@ -554,13 +554,15 @@ class Driver:
                                   self.cfg.cluster.step_timeout_s), default=0.0)
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
-            for device, digest in zip(self.rt.rollout_ranks, rollout):
+            reported = dict(zip(self.rt.rollout_ranks, rollout, strict=True))  # a missing answer is an error
+            for device, digest in reported.items():
                 if digest != leader:
                     raise PoiseError(f"weight sync of version {self.version}: rollout device {device} holds weights "
                                      f"{digest[:12]} but the trainer holds {leader[:12]}; the sync lost or "
                                      "corrupted a bucket")
             log.event("sync", self.now(), step=step, version=self.version, digest=leader,
-                      devices=[self.rt.leader, *self.rt.rollout_ranks])
+                      devices=[self.rt.leader, *self.rt.rollout_ranks],
+                      rollout_digests={str(d): digest for d, digest in reported.items()})
         return seconds
 
     def maybe_resize(self, log: RunLog, step: int, scored, times: tuple[float, float, float, float]) -> None:
