@@ -49,9 +49,10 @@ class RunConfig:
     steps: int = help_field(40, "RL steps (optimizer updates)")
     dir: str = help_field("runs/default", "run directory for config, logs and checkpoints")
     checkpoint_every: int = help_field(10, "save a checkpoint every N steps (and at the last step); 0 = last only")
-    keep_checkpoints: int = help_field(0, "after each save, delete all but the newest N checkpoints; 0 = keep all "
-                                          "(the default, as HF Trainer's save_total_limit: nothing is deleted "
-                                          "unless asked)")
+    keep_checkpoints: int = help_field(0, "keep only the newest N checkpoints: the older ones go before each save "
+                                          "(so a smaller N frees a full disk's room; the newest stays) and after "
+                                          "it; 0 = keep all (the default, as HF Trainer's save_total_limit: "
+                                          "nothing is deleted unless asked)")
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
     log_tokens: bool = help_field(False, "also write each sample's token ids and log-probs into its events.jsonl line")
@@ -469,6 +470,13 @@ class EmulationConfig:
         return self.devices_per_process or max(1, -(-devices // AUTO_EMULATED_PROCESSES))
 
 
+# A reward's magnitude bound: beyond it a reward is a failed call (poise.rewards.scorer). A finite
+# 1e308 passes isfinite yet overflows the sums and squares the advantages take; within these bounds a
+# weighted sum over functions and the std of a step's batch stay far from float overflow.
+REWARD_LIMIT = 1e12
+REWARD_WEIGHT_LIMIT = 1e6
+
+
 @dataclass(frozen=True)
 class RewardFunctionConfig:
     """One reward function of `reward.functions` (poise.rewards.functions resolves it at start)."""
@@ -489,7 +497,8 @@ class RewardFunctionConfig:
         else:
             check(self.fn in REWARD_BUILTINS, "fn", self.fn, f"unknown built-in; choose one of "
                   f"{', '.join(REWARD_BUILTINS)}, or give 'module:function' or 'path/to/file.py:function'")
-        check(math.isfinite(self.weight), "weight", self.weight, "must be a finite number, e.g. 1.0")
+        check(math.isfinite(self.weight) and abs(self.weight) <= REWARD_WEIGHT_LIMIT, "weight", self.weight,
+              f"must be a finite number within ±{REWARD_WEIGHT_LIMIT:g}, e.g. 1.0")
 
     @property
     def label(self) -> str:
@@ -528,7 +537,8 @@ class RewardConfig:
             check(labels.index(label) == i, f"functions[{i}].name", label,
                   "two functions would both report as reward/" + label + "; give one a distinct `name`")
         check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0, e.g. 10")
-        check(math.isfinite(self.fallback), "fallback", self.fallback, "must be a finite number, e.g. 0.0")
+        check(math.isfinite(self.fallback) and abs(self.fallback) <= REWARD_LIMIT, "fallback", self.fallback,
+              f"must be a finite number within ±{REWARD_LIMIT:g}, e.g. 0.0")
         check(self.workers >= 1, "workers", self.workers, "must be >= 1")
         check(self.memory_mb >= 64, "memory_mb", self.memory_mb, "must be >= 64 (a Python worker needs ~30 MiB)")
         check(self.cpu_s > 0, "cpu_s", self.cpu_s, "must be > 0, e.g. 10")

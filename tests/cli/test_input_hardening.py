@@ -1,4 +1,4 @@
-"""Input hardening (issue 11): a model path that is a file, and model directories holding pickle
+"""Input hardening: a model path that is a file, and model directories holding pickle
 weights, each get one line and exit 2 with nothing written; weights load from safetensors only."""
 
 from __future__ import annotations
@@ -73,3 +73,51 @@ def test_loader_refuses_pickles_and_reads_safetensors_only(tmp_path, monkeypatch
     monkeypatch.setattr(loading, "check_model_dir", lambda path: None)
     with pytest.raises(PoiseError, match="cannot load model"):
         loading.load_model(real)
+
+
+def _tiny_model(directory: Path) -> Path:
+    """A real tiny checkpoint (config.json, model.safetensors, the char tokenizer)."""
+    from poise.config import TinyModelConfig
+    from poise.data.tokenizer import CharTokenizer
+    from poise.model.loading import build_tiny, save_model
+
+    tok = CharTokenizer()
+    save_model(build_tiny(TinyModelConfig(), tok.vocab_size, 0, tok.eos_id, tok.pad_id, tok.bos_id), directory, tok)
+    return directory
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_safetensors_header_length_beyond_the_file(tmp_path, command):
+    """A header length of 2^62 would be read as one 4 EiB buffer (MemoryError, a traceback)."""
+    model = _tiny_model(tmp_path / "model")
+    weights = model / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.write((2 ** 62).to_bytes(8, "little"))
+    args = (["train", f"model.path={model}", f"run.dir={tmp_path}/run", "run.progress=false",
+             "pipeline.mode=colocated"] if command == "train" else ["eval", str(model), "--out", f"{tmp_path}/e.json"])
+    assert_one_line_error(poise(*args), "model.safetensors", str(2 ** 62), "save the model again")
+
+
+def test_config_json_whose_layer_count_disagrees_with_its_layer_types(tmp_path):
+    import json
+    model = _tiny_model(tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    assert len(config["layer_types"]) == config["num_hidden_layers"]  # the tiny model has them, consistent
+    config["num_hidden_layers"] += 1
+    (model / "config.json").write_text(json.dumps(config))
+    result = poise("train", f"model.path={model}", f"run.dir={tmp_path}/run", "run.progress=false",
+                   "pipeline.mode=colocated")
+    assert_one_line_error(result, "config.json", "layer_types")
+
+
+@pytest.mark.parametrize("content, fragments", [
+    (b'{"prompt": "1+1", "answer": "2"}\n{"prompt": "caf\xe9", "answer": "1"}\n', [":2", "UTF-8"]),
+    (b'{"prompt": "1+1", "answer": "2"}\n' + b"[" * 200_000 + b"]" * 200_000 + b"\n", [":2", "nested"]),
+], ids=["not-utf8", "deep-nesting"])
+def test_dataset_that_is_not_utf8_or_nests_too_deep(tmp_path, content, fragments):
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(content)
+    result = poise("train", f"data.dataset={data}", f"run.dir={tmp_path}/run", "run.progress=false",
+                   "pipeline.mode=colocated")
+    assert_one_line_error(result, str(data), *fragments)
+    assert not (tmp_path / "run").exists()

@@ -3,6 +3,7 @@ with one line before any work."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -132,3 +133,31 @@ def test_config_round_trips_through_yaml(tmp_path):
     assert again.reward == cfg.reward
     assert [(f.fn, f.weight, f.label) for f in again.reward.resolved] == [("math", 1.0, "math"), ("a.py:f", 0.5, "fmt")]
     assert [f.fn for f in load_train_config(None).reward.resolved] == ["task"]  # the default
+
+
+def test_a_huge_finite_reward_is_a_counted_failure_not_a_crash(make_scorer, reward_file):
+    """±1e308 is finite but breaks every sum the advantages take: it scores as a failed call (fallback,
+    counted), and the group's advantages stay finite."""
+    from poise.algo.advantages import outcome_advantages
+    path = reward_file('''
+def huge(prompts, completions, **kwargs):
+    return [{"prompt 0": 1e308, "prompt 1": -1e308}.get(p, 1.0) for p in prompts]
+''')
+    scorer = make_scorer([{"fn": f"{path}:huge"}], fallback=-0.5)
+    results = scorer.score(inputs(4))
+    assert [r.value for r in results] == [-0.5, -0.5, 1.0, 1.0]
+    assert [len(r.failures) for r in results] == [1, 1, 0, 0]
+    assert "1e+308" in results[0].failures[0].reason and "-1e+308" in results[1].failures[0].reason
+    for estimator in ("grpo", "rloo", "reinforce_pp"):
+        advantages = outcome_advantages(estimator, [[r.value for r in results]])[0]
+        assert all(math.isfinite(a) for a in advantages) and advantages[0] < 0 < advantages[3]
+
+
+@pytest.mark.parametrize("entry, key", [({"fn": "exact", "weight": 1e300}, "weight"), (None, "fallback")])
+def test_a_weight_or_fallback_that_would_overflow_the_sum_is_refused(entry, key):
+    from poise.config import RewardConfig, RewardFunctionConfig
+    with pytest.raises(ConfigError, match=key):
+        if entry is None:
+            RewardConfig(fallback=-1e300)
+        else:
+            RewardFunctionConfig(**entry)

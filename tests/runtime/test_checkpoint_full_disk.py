@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from poise.config import load_train_config
 from poise.errors import PoiseError
 from poise.runtime.driver import train_disaggregated
 from poise.train.checkpoint import CheckpointSaveError, latest_checkpoint
@@ -41,5 +42,34 @@ def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, war
         assert err.value.exit_code == 2
         assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step_000001"]
         assert latest_checkpoint(run_dir).name == "step_000001"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)])
+
+
+def test_a_smaller_keep_checkpoints_on_resume_frees_the_full_disk(ray_session, tmp_path, warm_start):
+    """A disk with room for two checkpoints: keeping all, the save of step 3 fails; resumed with
+    run.keep_checkpoints=1 the run deletes step 1 before its save needs the room (never step 2, which
+    it resumed from) and finishes, keeping step 3 alone."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("cannot mount a tmpfs here (not root); tests/train/test_checkpoint_verified.py injects ENOSPC")
+    sizing = tmp_path / "sizing"
+    train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
+    used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
+    one = sum(p.stat().st_size for p in (sizing / "checkpoints" / "step_000001").iterdir())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    size = used + one + one // 2 + (256 << 10)  # the run's files and two checkpoints fit; a third does not
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode != 0:
+        pytest.skip("mount refused a tmpfs here; tests/train/test_checkpoint_verified.py injects ENOSPC")
+    try:
+        run_dir = disk / "run"
+        with pytest.raises(CheckpointSaveError, match="disk full while saving step 3; step 2 is intact"):
+            train_disaggregated(config(run_dir, warm_start, "run.steps=3", "cluster.split=[1,1]",
+                                       "cluster.devices=2"))
+        assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+        train_disaggregated(load_train_config(run_dir / "config.yaml", [f"run.dir={run_dir}",
+                                                                       "run.keep_checkpoints=1"]), resume=True)
+        assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000003"]
+        assert latest_checkpoint(run_dir).name == "step_000003"
     finally:
         subprocess.run(["umount", "-l", str(disk)])

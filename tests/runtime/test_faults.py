@@ -233,3 +233,35 @@ def test_the_recovery_probe_does_not_wait_for_a_survivor_stuck_in_a_collective(r
     assert time.monotonic() - t0 < PROBE_S + 10
     ray.kill(stuck)
     ray.kill(free)
+
+
+def test_an_unrecoverable_death_names_the_newest_checkpoint_that_verifies(tmp_path):
+    """The one line after an unrecoverable death promises an intact checkpoint: it must be one that
+    verifies (its bytes match their sha256), not merely the newest directory."""
+    import types
+
+    import torch
+
+    from poise.config import TinyModelConfig
+    from poise.model.loading import build_tiny
+    from poise.runtime.faults import unrecoverable
+    from poise.train.checkpoint import TrainState, checkpoint_dir, save_checkpoint
+
+    model = build_tiny(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                                       intermediate_size=32, max_positions=32), 40, seed=0)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, model, optimizer, TrainState(step, step))
+    weights = checkpoint_dir(tmp_path, 3) / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # a flipped bit in the newest checkpoint's last weight
+    weights.write_bytes(bytes(data))
+    rt = types.SimpleNamespace(train_ranks=[1], rollout_ranks=[0])
+    line = unrecoverable(rt, [1], 4, tmp_path, "no train device is left")
+    assert "step_000002" in line and f"--resume {tmp_path}" in line, line
+    assert "step_000003" in line and "sha256" in line, line  # the damaged one is named as such
+    assert "\n" not in line
+    for step in (1, 2):
+        (checkpoint_dir(tmp_path, step) / "state.json").unlink()
+    line = unrecoverable(rt, [1], 4, tmp_path, "no train device is left")
+    assert "--resume" not in line and "no intact checkpoint" in line, line

@@ -69,9 +69,17 @@ def test_gpus_per_device_is_validated(value, why):
         load_train_config(None, [f"cluster.gpus_per_device={value}"])
 
 
-def test_the_one_gpu_config_loads():
+def test_the_one_gpu_config_loads_survives_its_yaml_and_needs_one_gpu(tmp_path):
+    """What the loaded config does, not the value just set: written as a run's config.yaml and read
+    back it is the same section, and two devices at 0.5 take one GPU in half-GPU bundles."""
+    from poise.schema import dump
+
     cfg = load_train_config(None, ["cluster.device=cuda", "cluster.devices=2", "cluster.gpus_per_device=0.5"])
-    assert cfg.cluster.gpus_per_device == 0.5
+    dump(cfg, tmp_path / "config.yaml")
+    again = load_train_config(tmp_path / "config.yaml", [])
+    assert again.cluster == cfg.cluster
+    assert cluster.gpus_needed(again.cluster) == 1
+    assert cluster.device_bundle(again.cluster) == {"GPU": 0.5, "CPU": 1}
 
 
 def test_gpu_checks_shared_gpu_run_is_a_valid_config():

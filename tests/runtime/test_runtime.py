@@ -83,12 +83,37 @@ def reference(runs, warm_start):
 
 def _assert_syncs(record, split) -> None:
     """One verified sync per step, publishing version k + 1 after step k to every rollout device;
-    the rollout devices see new weights every step."""
+    the rollout devices see new weights every step. Checked against what the devices reported
+    and against the weights the run saved after step k (a digest computed here, apart from the run)."""
     assert [(e["step"], e["version"]) for e in record.syncs] == [(k, k + 1) for k in range(STEPS)], record.syncs
     for e in record.syncs:
-        assert len(set(e["devices"])) >= split[0], e  # every rollout device was checked
+        saved = _weights_digest(record.checkpoint(e["step"] + 1))
+        assert e["digest"] == saved, (e, saved)
+        reported = {int(d): digest for d, digest in e["rollout_digests"].items()}
+        assert sorted(reported) == list(range(split[0])), e  # every rollout device answered for itself
+        assert set(reported.values()) == {saved}, e
     digests = [e["digest"] for e in record.syncs]
     assert len(set(digests)) == STEPS, digests
+
+
+_DIGESTS: dict = {}
+
+
+def _weights_digest(checkpoint) -> str:
+    """`weights_digest` of the model a checkpoint holds (its config.json and model.safetensors,
+    loaded as a model directory of their own: the optimizer file beside them is no model's)."""
+    import shutil
+    import tempfile
+
+    from poise.model.loading import load_model
+    from poise.runtime.train_shard import weights_digest
+
+    if checkpoint not in _DIGESTS:
+        with tempfile.TemporaryDirectory() as model_dir:
+            for name in ("config.json", "model.safetensors"):
+                shutil.copyfile(checkpoint / name, f"{model_dir}/{name}")
+            _DIGESTS[checkpoint] = weights_digest(load_model(model_dir))
+    return _DIGESTS[checkpoint]
 
 
 def _sync_digests(record) -> dict[int, str]:

@@ -235,3 +235,39 @@ def test_poise_train_on_a_full_tmpfs_says_one_line_exits_2_and_resumes(three_ste
     assert out.returncode == 0, out.stderr[-3000:]
     for name in ("model.safetensors", "optimizer.safetensors"):  # the same training as the straight run
         assert (_step(moved, 3) / name).read_bytes() == (_step(three_steps, 3) / name).read_bytes(), name
+
+
+def test_a_smaller_keep_checkpoints_on_resume_frees_the_room_its_save_needs(tmp_path, monkeypatch):
+    """A disk with room for two checkpoints (ENOSPC injected while two are on it): keeping all, the
+    save of step 3 fails; resuming with run.keep_checkpoints=1 must delete the old ones before its
+    save needs their room, never after, and never the one it resumed from."""
+    run_dir = tmp_path / "run"
+    real = ckpt.write_tensors
+
+    def two_fit(path, entries):
+        if len(list((run_dir / "checkpoints").glob("step_*"))) >= 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, entries)
+
+    monkeypatch.setattr(ckpt, "write_tensors", two_fit)
+    with pytest.raises(CheckpointSaveError, match="disk full while saving step 3; step 2 is intact"):
+        _run(run_dir, 3)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000001", "step_000002"]
+    train_colocated(load_train_config(run_dir / "config.yaml", [f"run.dir={run_dir}", "run.steps=4",
+                                                               "run.keep_checkpoints=1"]), resume=True)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000004"]
+    assert latest_checkpoint(run_dir).name == "step_000004"
+
+
+def test_prune_before_a_save_keeps_the_newest_checkpoint_and_the_marked_one(tmp_path):
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 5, 9):
+        (root / f"step_{step:06d}").mkdir(parents=True)
+    (root / "latest").write_text("step_000002\n")  # the last completed save, older than a stray step_5
+    assert ckpt.prune_before_save(tmp_path, keep=0, step=9) == []  # 0: keep all
+    deleted = ckpt.prune_before_save(tmp_path, keep=1, step=9)
+    assert [p.name for p in deleted] == ["step_000001"]  # step_9 is the one being saved (replaced)
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000002", "step_000005", "step_000009"]
+    (root / "latest").write_text("step_000005\n")
+    assert [p.name for p in ckpt.prune_before_save(tmp_path, keep=1, step=9)] == ["step_000002"]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000005", "step_000009"]

@@ -43,14 +43,22 @@ def _problem(row: Any, where: str, index: int, prompt_key: str = "prompt", answe
 
 def load_jsonl(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
     problems = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes, decoded line by line: a bad byte's error names its line
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lineno}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                "save the dataset as UTF-8") from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            except RecursionError:  # json's decoder recurses once per level of nesting
+                raise DataError(f"{path}:{lineno}: JSON nested too deeply to read; a row is one flat object "
+                                '{"prompt": ..., "answer": ...}') from None
             problems.append(_problem(row, f"{path}:{lineno}", len(problems), prompt_key, answer_key))
     return problems
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -72,8 +73,6 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     `keep`: only these parameters are allocated and read; every other one keeps its shape with
     an empty storage (`cluster.shard: full`: a train device starts with its own run alone).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
     if not path.is_dir():
@@ -86,16 +85,11 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise PoiseError(f"model directory '{path}' has no *.safetensors weights; save with safe_serialization")
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError) as e:
-        raise PoiseError(f"cannot read '{path / 'config.json'}': {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, AttributeError, RecursionError) as e:
+        raise PoiseError(f"cannot read '{path / 'config.json'}': {_reason(e)}") from None
     check_model_type(model_type)
     device = torch.device(device)
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
-        raise PoiseError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
+    model = _meta_model(path, dtype)
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = _tied_aliases(model)
     headers = [(file, _safetensors_header(file)) for file in files]
@@ -138,6 +132,19 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model.eval()
 
 
+def _meta_model(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The model its config.json describes, built without storage (meta), or one line on why not."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    except Exception as e:  # transformers' validation raises its own types (e.g. a strict-dataclass error)
+        raise PoiseError(f"cannot load model from '{path}': its config.json is refused ({_reason(e)}); "
+                         "fix config.json or save the model again") from None
+
+
 def _tied_aliases(model: torch.nn.Module) -> set[str]:
     """Parameter names that share their tensor with an earlier name (a tied lm_head): a checkpoint
     may store such a tensor once."""
@@ -155,17 +162,32 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
                        "U8": torch.uint8, "BOOL": torch.bool}
 
 
+SAFETENSORS_HEADER_LIMIT = 100_000_000  # the format's own bound on the JSON header (safetensors' spec)
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of what went wrong, from the root cause: transformers wraps its validators'
+    ValueError in an error whose own first line names only the validator."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def _safetensors_header(file: Path) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
     """name -> (dtype, shape, first byte, end byte) of each tensor of a safetensors file: an
     8-byte little-endian header length, the JSON header, then the data (offsets count from it)."""
     try:
         with open(file, "rb") as f:
             size = int.from_bytes(f.read(8), "little")
+            # the length is checked before the read: 2^62 would ask for one 4 EiB buffer (MemoryError)
+            if size > min(os.fstat(f.fileno()).st_size - 8, SAFETENSORS_HEADER_LIMIT):
+                raise ValueError(f"header length {size} exceeds the file's {os.fstat(f.fileno()).st_size} bytes "
+                                 f"or the {SAFETENSORS_HEADER_LIMIT}-byte limit")
             header = json.loads(f.read(size))
-    except (OSError, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: a header nested thousands deep
         raise PoiseError(f"cannot load model from '{file.parent}': its safetensors file '{file.name}' has no "
-                         f"readable header ({first}); save the model again") from None
+                         f"readable header ({_reason(e)}); save the model again") from None
     out = {}
     for name, entry in (header.items() if isinstance(header, dict) else [("", header)]):
         if name == "__metadata__":

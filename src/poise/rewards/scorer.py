@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from poise.config import EnvConfig, RewardConfig
+from poise.config import REWARD_LIMIT, EnvConfig, RewardConfig
 from poise.rewards.functions import resolve_environment, resolve_functions
 from poise.rewards.sandbox import CHUNK, Batch, Call, SandboxLimits, SandboxPool
 
@@ -104,10 +104,10 @@ class RewardScorer:
         for i in range(count):
             value, parts, failures = 0.0, {}, []
             for f, spec in enumerate(self.specs):
-                outcome = outcomes[i * n + f]
-                r = outcome.value if outcome.value is not None else fallback
-                if outcome.value is None:
-                    failures.append(RewardFailure(spec.name, outcome.error or "failed"))
+                r, error = _accepted(outcomes[i * n + f])
+                if error is not None:
+                    r = fallback
+                    failures.append(RewardFailure(spec.name, error))
                 parts[spec.name] = r
                 value += spec.weight * r
             results.append(RewardResult(value, parts, tuple(failures)))
@@ -121,6 +121,16 @@ class RewardScorer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _accepted(outcome) -> tuple[float, str | None]:
+    """An outcome's reward, or why it is a failed call: no value, or one beyond ±REWARD_LIMIT (finite,
+    yet it would overflow the advantages' sums and crash the driver)."""
+    if outcome.value is None:
+        return 0.0, outcome.error or "failed"
+    if abs(outcome.value) > REWARD_LIMIT:
+        return 0.0, f"returned {outcome.value:g}, beyond ±{REWARD_LIMIT:g}"
+    return outcome.value, None
 
 
 def check_rewards(cfg: RewardConfig, env: EnvConfig | None = None) -> None:

@@ -44,7 +44,7 @@ from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.runtime import faults
 from poise.runtime.evaluation import RolloutEvaluation
-from poise.runtime.cluster import connect, device_pool, rendezvous_key, reserve_pool
+from poise.runtime.cluster import DevicePool, connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize, prewarm_rank_sets
 from poise.runtime.scale import ScaleOut, scale_rank_sets
 from poise.runtime.service import StreamGenerationService
@@ -53,7 +53,7 @@ from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump, to_dict
 from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
-                                    encode_samples, latest_checkpoint, prune_checkpoints)
+                                    encode_samples, latest_checkpoint, prune_before_save, prune_checkpoints)
 from poise.train.progress import StepProgress
 from poise.types import Sample, SampleId, trained_tokens
 
@@ -92,8 +92,19 @@ class Runtime:
     def __init__(self, cfg: TrainConfig, split: tuple[int, int], source: StepSource, dispatcher=None,
                  emulation=None, run_dir: Path | None = None):
         self.cfg = cfg
+        self.workers: list = []
+        self.pool: DevicePool | None = None
+        self.reserve: DevicePool | None = None
+        connect(cfg.cluster, run_dir / "ray.log" if run_dir is not None else None)  # Ray's lines: not the console
+        try:
+            self._set_up(split, source, dispatcher, emulation, run_dir)
+        except BaseException:  # a failed start releases the placement groups and actors it already held
+            self.shutdown()
+            raise
+
+    def _set_up(self, split: tuple[int, int], source: StepSource, dispatcher, emulation, run_dir: Path | None) -> None:
+        cfg = self.cfg
         c, algo = cfg.cluster, cfg.algorithm
-        connect(c, run_dir / "ray.log" if run_dir is not None else None)  # Ray's start-up lines: not the console
         # checkpoints in the driver's run.dir, through the driver for a node that does not see it;
         # an emulated device writes no files
         self.store = CheckpointStore(run_dir or Path(cfg.run.dir), "shared" if emulation is not None else c.storage,
@@ -229,8 +240,10 @@ class Runtime:
         return digests[0], digests[len(senders):]
 
     def shutdown(self) -> None:
+        """Stop the actors and release the placement groups (also those of a start that failed midway)."""
         self.stop()
-        self.pool.release()
+        if self.pool is not None:
+            self.pool.release()
         if self.reserve is not None:
             self.reserve.release()
 
@@ -597,13 +610,15 @@ class Driver:
                                   self.cfg.cluster.step_timeout_s), default=0.0)
         if self.cfg.run.verify_sync:
             leader, rollout = self.rt.digests()
-            for device, digest in zip(self.rt.rollout_ranks, rollout):
+            reported = dict(zip(self.rt.rollout_ranks, rollout, strict=True))  # a missing answer is an error
+            for device, digest in reported.items():
                 if digest != leader:
                     raise PoiseError(f"weight sync of version {self.version}: rollout device {device} holds weights "
                                      f"{digest[:12]} but the trainer holds {leader[:12]}; the sync lost or "
                                      "corrupted a bucket")
             log.event("sync", self.now(), step=step, version=self.version, digest=leader,
-                      devices=[self.rt.leader, *self.rt.rollout_ranks])
+                      devices=[self.rt.leader, *self.rt.rollout_ranks],
+                      rollout_digests={str(d): digest for d, digest in reported.items()})
         return seconds
 
     def maybe_resize(self, log: RunLog, step: int, scored, times: tuple[float, float, float, float]) -> None:
@@ -665,6 +680,7 @@ class Driver:
                 if done in self.dynamic:
                     d = self.dynamic[done]
                     extra[DYNAMIC_DRAWS] = json.dumps({"slots": d.slots, "metrics": d.metrics}).encode()
+            prune_before_save(self.run_dir, run.keep_checkpoints, done)  # room first: the disk may be full
             # the driver's run.dir: written there by the leader, or through the driver (runtime/storage.py)
             self.rt.store.save(self.rt.leader, self.rt.workers[self.rt.leader], self.run_dir, done, self.version,
                                extra, f"the checkpoint after step {done - 1}")
@@ -704,8 +720,8 @@ class Driver:
                       step=step, start=rel(m["start"]), end=rel(m["end"]), micro_batch=m["index"],
                       **({"held_grads": m["held_grads"]} if "held_grads" in m else {}))
         for u in updates:  # real compute reports the reduction's traffic
-            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "optimizer_bytes", "parameter_bytes")
-                       if k in u}
+            traffic = {k: u[k] for k in ("received_bytes", "grad_bytes", "weight_bytes", "optimizer_bytes",
+                                         "parameter_bytes") if k in u}
             log.event("interval", rel(u["start"]), device=u["device"], role="train", phase="update",
                       step=step, start=rel(u["start"]), end=rel(u["end"]), **traffic)
         tokens = self.cfg.run.log_tokens
@@ -809,35 +825,43 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     rewards = RewardScorer(cfg.reward, cfg.env) if emulation is None else None  # the reward sandbox: user code loads there
-    source: StepSource = emulation if emulation is not None else \
-        TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)
-    split = emulation.split() if emulation is not None else choose_split(cfg, source)
-    if not resume:
-        dump(cfg, run_dir / "config.yaml")
-    policy = resize_policy(cfg, emulation.cost if emulation is not None else None)  # a bad profile fails here
-    runtime = Runtime(cfg, split, source, dispatcher, emulation, run_dir)
-    try:
-        driver = Driver(cfg, run_dir, runtime, source, policy)
-        if checkpoint is not None:
-            # every device, rollout or train, restores the same weights (and optimizer state)
-            states = faults.wait([w.load_checkpoint.remote(runtime.store.readable(d, w, checkpoint),
-                                                           runtime.train_ranks)
-                                  for d, w in enumerate(runtime.workers)],
-                                 list(range(len(runtime.workers))), "loading the checkpoint",
-                                 cfg.cluster.step_timeout_s)
-            runtime.store.release()
-            driver.start_step, driver.version = states[0]
-            driver.restore_pending(checkpoint)
-            truncate_logs(run_dir, driver.start_step)  # no step logged twice
-            driver.t0 = time.time() - run_clock(run_dir)  # the clock goes on from the last segment's end
-            print(resume_line(run_dir, checkpoint, driver.start_step), file=sys.stderr)
-        with RunLog(run_dir, append=resume, background=True, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
-                    config=to_dict(cfg)) as log:
-            return driver.run(log)
+    try:  # from here on a failure, even while starting, stops what started (a notebook keeps no leftovers)
+        source: StepSource = emulation if emulation is not None else \
+            TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)
+        split = emulation.split() if emulation is not None else choose_split(cfg, source)
+        if not resume:
+            dump(cfg, run_dir / "config.yaml")
+        policy = resize_policy(cfg, emulation.cost if emulation is not None else None)  # a bad profile fails here
+        runtime = Runtime(cfg, split, source, dispatcher, emulation, run_dir)  # releases what it held if it fails
+        try:
+            return _run(cfg, run_dir, runtime, source, policy, checkpoint)
+        finally:
+            runtime.shutdown()
     finally:
-        runtime.shutdown()
         if rewards is not None:
             rewards.close()  # the reward sandbox's workers end with the run
+
+
+def _run(cfg: TrainConfig, run_dir: Path, runtime: Runtime, source: StepSource, policy: ResizePolicy,
+         checkpoint: Path | None) -> list[dict]:
+    """The driver loop on a started runtime, from `checkpoint` when resuming."""
+    driver = Driver(cfg, run_dir, runtime, source, policy)
+    if checkpoint is not None:
+        # every device, rollout or train, restores the same weights (and optimizer state)
+        states = faults.wait([w.load_checkpoint.remote(runtime.store.readable(d, w, checkpoint),
+                                                       runtime.train_ranks)
+                              for d, w in enumerate(runtime.workers)],
+                             list(range(len(runtime.workers))), "loading the checkpoint",
+                             cfg.cluster.step_timeout_s)
+        runtime.store.release()
+        driver.start_step, driver.version = states[0]
+        driver.restore_pending(checkpoint)
+        truncate_logs(run_dir, driver.start_step)  # no step logged twice
+        driver.t0 = time.time() - run_clock(run_dir)  # the clock goes on from the last segment's end
+        print(resume_line(run_dir, checkpoint, driver.start_step), file=sys.stderr)
+    with RunLog(run_dir, append=checkpoint is not None, background=True, tensorboard=cfg.run.tensorboard,
+                wandb=cfg.run.wandb, config=to_dict(cfg)) as log:
+        return driver.run(log)
 
 
 def _prepare_model(cfg: TrainConfig) -> None:

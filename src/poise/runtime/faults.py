@@ -289,11 +289,19 @@ def _held_versions(rt, dead: list[int]) -> list[int | None]:
 
 
 def unrecoverable(rt, dead: list[int], step: int, run_dir: Path, why: str) -> str:
+    """The one line of a death the run cannot recover from. The checkpoint it names was verified by
+    content (as --resume will), never assumed intact because it is the newest directory."""
+    from poise.train.checkpoint import newest_intact_checkpoint
+
     names = ", ".join(f"device {d} ({role_of(rt, d)})" for d in dead)
-    ckpts = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
-    last = ckpts[-1].name if ckpts else None
-    resume = (f"the last checkpoint {last} is intact: continue with --resume {run_dir}" if last else
-              "no checkpoint was written yet (run.checkpoint_every): start it again")
+    intact, skipped = newest_intact_checkpoint(run_dir)
+    damaged = "".join(f"{name} is damaged ({problem}); " for name, problem in skipped)
+    if intact is not None:
+        resume = f"{damaged}the last checkpoint {intact.name} is intact: continue with --resume {run_dir}"
+    elif skipped:
+        resume = f"{damaged}no intact checkpoint is left: start it again"
+    else:
+        resume = "no checkpoint was written yet (run.checkpoint_every): start it again"
     return f"{names} died at step {step} and {why}; the run stopped and released its devices; {resume}"
 
 

@@ -133,21 +133,22 @@ class ParameterShards:
         if keep:
             self._unshard()
 
-    def reshard(self, new_ranks: list[int]) -> int:
+    def reshard(self, new_ranks: list[int]) -> tuple[int, int]:
         """A live resize, collective over the old train group: every parameter broadcast by its
         old owner, kept by a device that leaves the trainer (its engine needs the whole model) or
         that owns it among `new_ranks`, and freed by the others right away, so a device that stays
         never holds the whole model. A staying device ends sharded over `new_ranks`, a leaving
-        one holding everything. Returns the most weight bytes this device held at once."""
+        one holding everything. Returns the most weight bytes this device held at once, and the
+        weight bytes it received."""
         new = sorted(new_ranks)
         first, end = 0, len(self.params)
         if self.rank in new:
             first, end = owner_runs(self.sizes, len(new))[new.index(self.rank)]
         held = sum(p.untyped_storage().nbytes() for p in self.params)
-        peak = held
+        peak, received = held, 0
         for i, p in enumerate(self.params):
             if self.ranks is not None:  # sharded over the old group: its owner broadcasts it
-                self._fetch(i)
+                received += self._fetch(i)
                 held += 0 if self.owns(i) else p.numel() * p.element_size()
                 peak = max(peak, held)
             if not first <= i < end and p.untyped_storage().nbytes():
@@ -157,7 +158,7 @@ class ParameterShards:
         if self.rank in new:
             self._own(new)
             self._install_hooks()
-        return peak
+        return peak, received
 
     def _unshard(self) -> None:
         """Every parameter is held here now: no owners, no hooks."""

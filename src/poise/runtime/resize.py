@@ -77,6 +77,7 @@ class ResizeReport:
     staged_by: list[int] = field(default_factory=list)  # cluster.shard: optimizer: the devices that resharded
     barrier_s: float = 0.0  # how long the first update on the new split waited for staging
     weights_held: dict[int, int] = field(default_factory=dict)  # shard: full: old train device -> most weight bytes
+    weights_received: dict[int, int] = field(default_factory=dict)  # shard: full: old train device -> bytes received
 
     mode: str = "live"
 
@@ -93,7 +94,9 @@ class ResizeReport:
                 "to_rollout": self.to_rollout, "phases": dict(self.phases, barrier_wait=self.barrier_s),
                 "background": {"optimizer_staging": max((s.get("seconds", 0.0) for s in staged), default=0.0)},
                 "critical_path_s": self.critical_path_s, "moved_samples": self.moved_samples,
-                "moved_tokens": self.moved_tokens, "weights_bytes": 0,
+                "moved_tokens": self.moved_tokens,
+                # weights moved between devices: only shard: full reshards them (else each holds them whole)
+                "weights_bytes": sum(self.weights_received.values()),
                 "optimizer_bytes": sum(s.get("bytes", 0) for s in staged),
                 "bytes_moved": sum(s.get("bytes", 0) for s in staged),
                 "peak_host_buffer_bytes": max((s.get("peak_buffer_bytes", 0) for s in staged), default=0),
@@ -118,8 +121,9 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
         t = time.perf_counter()
         old_train = list(rt.train_ranks)
         if rt.full:  # the parameters are sharded too: a leaving device takes the whole model, a staying one its new run
-            held = ray.get([workers[d].gather_weights.remote(new_train) for d in old_train])
-            report.weights_held = dict(zip(old_train, held))
+            gathered = ray.get([workers[d].gather_weights.remote(new_train) for d in old_train])
+            report.weights_held = {d: held for d, (held, _) in zip(old_train, gathered)}
+            report.weights_received = {d: received for d, (_, received) in zip(old_train, gathered)}
         report.staged_by = sorted(set(old_train) | set(new_train))
         ray.get([workers[d].reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20))
                  for d in report.staged_by])

@@ -289,12 +289,12 @@ class TorchTrainShard:
         self.full.received = self.full.weight_bytes = 0
         return norm, received
 
-    def gather_weights(self, new_ranks: list[int]) -> int:
+    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
         """`shard: full`, before a live resize (collective over the old train group): a device
         leaving for rollout takes the whole model, one that stays its run among train devices
         `new_ranks` alone (runtime/full_shard.py `reshard`). Returns the most weight bytes it held
-        at once."""
-        return self.full.reshard(new_ranks) if self.full is not None else 0
+        at once and the weight bytes it received."""
+        return self.full.reshard(new_ranks) if self.full is not None else (0, 0)
 
     def shard_weights(self, ranks: list[int]) -> None:
         """`shard: full`: a device joining the trainer (it holds the whole model, as a rollout
@@ -417,12 +417,14 @@ class TorchTrainShard:
             weights = safetensors_order([(n, p.dtype, tuple(p.shape), lambda p=p: p.detach())
                                          for n, p in zip(self.names, params)])
             files["model.safetensors"] = (weights, {self.names[i] for i in range(len(params)) if self.full.owns(i)})
+        # any exception, not only an OSError, is caught and shared: a rank that raised before the
+        # broadcast or the all-gather would leave the others waiting there for step_timeout_s
         failure = None
         try:
             if self.rank == writer:
                 for name, (entries, _) in files.items():
                     create_tensor_file(tmp / name, entries)
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows
             failure = e
         where = [str(tmp) if self.rank == writer and failure is None else None]
         dist.broadcast_object_list(where, src=writer, group=group)
@@ -430,15 +432,16 @@ class TorchTrainShard:
             try:
                 for name, (entries, owned) in files.items():
                     write_tensor_parts(Path(where[0]) / name, entries, owned)
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows
                 failure = e
         failures = [None] * len(ranks)
-        dist.all_gather_object(failures, None if failure is None else (failure.errno, failure.strerror,
-                                                                       failure.filename), group=group)
+        dist.all_gather_object(failures, _part_failure(failure), group=group)
+        if failure is not None and not isinstance(failure, OSError):
+            raise failure  # its own error, with its traceback, now that no rank waits for this one
         if self.rank == writer:
-            found = next((f for f in failures if f is not None), None)
+            found = next(((r, f) for r, f in zip(ranks, failures) if f is not None), None)
             if found is not None:
-                raise OSError(*found)
+                raise _part_error(*found)
         return set(files)
 
     def _listing(self, ranks: list[int]) -> list:
@@ -535,6 +538,22 @@ class TorchTrainShard:
         if self.full is not None and self.full.ranks is not None:
             return self.full.digest(self.names)
         return weights_digest(self.trainer.model)
+
+
+def _part_failure(e: Exception | None) -> tuple | None:
+    """What the writer needs of a device's failed checkpoint write: an OSError's errno, text and
+    file (a full disk becomes CheckpointSaveError there), or any other error's type and text."""
+    if e is None:
+        return None
+    if isinstance(e, OSError):
+        return ("os", e.errno, e.strerror, e.filename)
+    return ("other", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def _part_error(rank: int, failure: tuple) -> Exception:
+    if failure[0] == "os":
+        return OSError(*failure[1:])
+    return RuntimeError(f"device {rank} failed to write its part of the checkpoint ({failure[1]})")
 
 
 class OptimizerReshard:

@@ -199,10 +199,10 @@ class Device(FileEndpoint):
             out.append(self.shard.train_round(j, samples, adv, ranks))
         return out
 
-    def gather_weights(self, new_ranks: list[int]) -> int:
+    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
         """`cluster.shard: full`, before a live resize (every old train device): the whole model
         on a device that leaves the trainer, its run among `new_ranks` on one that stays; returns
-        the most weight bytes it held at once."""
+        the most weight bytes it held at once and the weight bytes it received."""
         return self.shard.gather_weights(new_ranks)
 
     def shard_weights(self, ranks: list[int]) -> None:

@@ -273,6 +273,32 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
     return old
 
 
+def prune_before_save(run_dir: str | Path, keep: int, step: int) -> list[Path]:
+    """Before checkpoint `step` is written: delete the older checkpoints that `prune_checkpoints`
+    would delete once it is, so a disk that a smaller `keep` was meant to relieve has their room for
+    the save (pruning only after a save could never rescue a full disk). Kept whatever `keep`: the
+    newest older checkpoint and the one the `latest` marker names (the last completed save), so a
+    save that fails still leaves the run its resume point. Returns those deleted."""
+    if keep <= 0:
+        return []
+    root = Path(run_dir) / "checkpoints"
+    older = [p for p in _step_dirs(root) if int(STEP_DIR.fullmatch(p.name).group(1)) < step]
+    kept = {p.name for p in older[:max(keep - 1, 1)]} | {_marked(root)}
+    doomed = [p for p in older if p.name not in kept]
+    for path in doomed:
+        _discard(path)
+    return doomed
+
+
+def _marked(root: Path) -> str:
+    """The name the `latest` marker holds ('' when it is missing, unreadable or not a plain file)."""
+    try:
+        with _open(root, MARKER) as f:
+            return f.read(256).decode().strip()
+    except (OSError, ValueError):
+        return ""
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of a run: the newest step_* directory that verifies.
 
@@ -282,18 +308,27 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     """
     root = Path(run_dir) / "checkpoints"
     _check_marker(root)
-    skipped = []
-    for path in _step_dirs(root):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            for name, why in skipped:
-                print(f"poise: warning: checkpoint {name} is incomplete ({why}); resuming from {path.name}",
-                      file=sys.stderr)
-            return path
-        skipped.append((path.name, problem))
+    path, skipped = newest_intact_checkpoint(run_dir)
+    if path is not None:
+        for name, why in skipped:
+            print(f"poise: warning: checkpoint {name} is incomplete ({why}); resuming from {path.name}",
+                  file=sys.stderr)
+        return path
     found = "; ".join(f"{name}: {why}" for name, why in skipped) or "none saved"
     raise PoiseError(f"no complete checkpoint in '{root}' to resume from ({found}); "
                      "start a fresh run (drop --resume, or set run.overwrite=true)")
+
+
+def newest_intact_checkpoint(run_dir: str | Path) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest step_* directory of a run that verifies (None if none does), and each newer one
+    skipped, with what is wrong with it (`verify_checkpoint`)."""
+    skipped = []
+    for path in _step_dirs(Path(run_dir) / "checkpoints"):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path.name, problem))
+    return None, skipped
 
 
 def verify_checkpoint(path: Path, step: int | None = None) -> str | None:

@@ -30,7 +30,7 @@ from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump, to_dict
 from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
-                                    prune_checkpoints, save_checkpoint)
+                                    prune_before_save, prune_checkpoints, save_checkpoint)
 from poise.train.progress import StepProgress
 from poise.train.determinism import bitwise_cuda
 from poise.train.setup import compute_dtype, make_model, make_policy, pin_threads, run_device
@@ -216,6 +216,7 @@ class ColocatedLoop:
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 if stop or done == cfg.steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
                     log.flush()  # the events of the steps it covers are on disk before it is
+                    prune_before_save(self.run_dir, cfg.keep_checkpoints, done)  # room first: the disk may be full
                     save_checkpoint(self.run_dir, self.model, self.trainer.optimizer, self.state)
                     prune_checkpoints(self.run_dir, cfg.keep_checkpoints)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
