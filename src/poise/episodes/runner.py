@@ -92,10 +92,9 @@ class EpisodeRunner:
 
     # ---- the caller's side -------------------------------------------------------------------
     def start(self, step: int, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
-              group_size: int, version: int, prompts: Sequence[int] | None = None) -> None:
-        """Episodes (step, i, j) for each problem i (or each index of `prompts`) and j < group_size;
+              group_size: int, version: int) -> None:
+        """Episodes (step, i, j) for each problem i and j < group_size, made with weights `version`;
         their environments reset at once (in the sandbox): `poll` hands out their first turns."""
-        indices = list(range(len(problems))) if prompts is None else list(prompts)
         self.version = version
         # a step started again (a recovery): its episodes start over, none handed out twice
         for sid in [sid for sid in self.episodes if sid[0] == step]:
@@ -105,12 +104,12 @@ class EpisodeRunner:
         for sid in [sid for sid in self.stats if sid[0] == step]:
             del self.stats[sid]
         ids = []
-        for i, problem, prompt in zip(indices, problems, prompt_ids):
+        for i, (problem, prompt) in enumerate(zip(problems, prompt_ids)):
             row = {**problem.columns, "prompt": problem.prompt, "answer": problem.answer}
+            room = self.context - len(prompt)
             for j in range(group_size):
                 sid = (step, i, j)
-                budget = self.cfg.max_tokens or (self.context - len(prompt))
-                self.episodes[sid] = Episode(sid, tuple(prompt), min(budget, self.context - len(prompt)))
+                self.episodes[sid] = Episode(sid, tuple(prompt), min(self.cfg.max_tokens or room, room))
                 self._rows[sid] = (problem.prompt, row)
                 ids.append(sid)
         self._call(ids)
