@@ -240,6 +240,7 @@ class Driver:
         # static, a schedule, or the controller
         self.policy = policy if policy is not None else resize_policy(cfg, runtime.emulation_cost)
         self.pending_resize: ResizeReport | None = None  # completed by the first step on the new split
+        self.resize_from: tuple[list[int], list[int]] | None = None  # (rollout, train ranks) while a resize runs
         self.resize_wall = (0.0, 0.0)  # run-time start and end of the pending resize
         self.version = 0
         self.start_step = 0
@@ -360,6 +361,11 @@ class Driver:
             raise faults.RunFailure(faults.unrecoverable(self.rt, lost.devices, step, self.run_dir,
                                                          "emulated devices hold no state to restore from"))
         rollout_version = self.version  # what generation in flight was made with
+        if phase == "resize" and self.resize_from is not None:
+            # a resize half done: its joiners may not hold the optimizer state yet. The devices are
+            # replaced on the split before it, from one of its train devices, and it runs again
+            self.rt.rollout_ranks, self.rt.train_ranks = self.resize_from
+            self.rt.leader = self.rt.train_ranks[0]
         if phase == "step" and self.trained is None:
             done = faults.settled_updates(self.rt.trainer, c.step_timeout_s)
             if done == "some":
@@ -569,13 +575,9 @@ class Driver:
         if decision.action != "resize":
             return
         start = self.now()
-        if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
-            report = hard_resize(self.rt, decision.to_split, self.version, step, self.run_dir)
-            self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
-            devices = list(range(self.cfg.cluster.devices))  # every device stops
-        else:
-            report = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
-            devices = report.to_train + report.to_rollout
+        self.resize_from = (list(self.rt.rollout_ranks), list(self.rt.train_ranks))
+        report, devices = self.survive(log, step, "resize", lambda: self.resize(decision.to_split, step))
+        self.resize_from = None
         self.pending_resize, self.resize_wall = report, (start, self.now())
         t = start
         for phase, seconds in report.phases.items():  # on the switching devices' rows, one after another
@@ -583,6 +585,18 @@ class Driver:
                 log.event("interval", t, device=device, role="resize", phase=phase, step=step, start=t,
                           end=t + seconds)
             t += seconds
+
+    def resize(self, to: Split, step: int) -> tuple[ResizeReport, list[int]]:
+        """Move to split `to` after step `step` (live, or the hard baseline); the report and the
+        devices whose rows show it. After a recovery (the devices back on the split before the
+        resize, runtime/faults.py) it runs again from the start."""
+        self.injector.at(self.rt, "resize", step)  # the fault tests: a death as the resize starts
+        if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
+            report = hard_resize(self.rt, to, self.version, step, self.run_dir)
+            self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
+            return report, list(range(self.cfg.cluster.devices))  # every device stops
+        report = live_resize(self.rt, to, self.version, step, self.cfg.resize.staging_mb)
+        return report, report.to_train + report.to_rollout
 
     def log_resize(self, log: RunLog, updates: list[dict]) -> None:
         """The `resize` event of the last resize, once its first step showed the barrier wait."""
