@@ -399,7 +399,11 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     store = join_rendezvous(rank, world_size, rendezvous, max(timeout, datetime.timedelta(seconds=START_UP_S)))
     dist.init_process_group(collective_backend(spec.device, spec.gpus_per_device), store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
-    comm = CommunicatorCache(timeout)
+    from poise.runtime.transport import transport_for
+
+    # decided once for the world's backend and this device: staged through host memory where gloo
+    # would get CUDA tensors (devices sharing a GPU), direct otherwise
+    comm = CommunicatorCache(timeout, transport_for(dist.get_backend(), device))
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
     owners = _starting_owners(spec, rank)
