@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Protocol, Sequence
 
+import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from poise.config import TrainConfig
@@ -226,10 +228,47 @@ class Runtime:
         return digests[0], digests[len(senders):]
 
     def shutdown(self) -> None:
+        vllm = self.cfg.rollout.backend == "vllm" and self.spec.emulated is None
+        pids = self.device_pids() if vllm else []
         self.stop()
         self.pool.release()
         if self.reserve is not None:
             self.reserve.release()
+        if vllm:
+            # what the vLLM engines of devices killed before their engine's release (a crash, a
+            # recovery, a shutdown past its deadline) left on this node's /dev/shm: swept once
+            # their processes are gone (a killed actor's process ends a moment after the kill)
+            from poise.rollout.vllm_engine import sweep_stale_shm
+
+            deadline = time.time() + faults.PROBE_S
+            while time.time() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.1)
+            sweep_stale_shm()
+
+    def device_pids(self) -> list[int]:
+        """The processes of the devices on this node that answer within PROBE_S."""
+        refs = [w.process_and_node.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=faults.PROBE_S)
+        here = ray.get_runtime_context().get_node_id()
+        pids = []
+        for ref in ready:
+            try:
+                pid, node = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                continue
+            if node == here:
+                pids.append(pid)
+        return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid
+        return True
+    return True
 
 
 class Driver:

@@ -99,6 +99,11 @@ class Device(FileEndpoint):
         """The pid of the process this device runs in (emulated devices may share one)."""
         return os.getpid()
 
+    def process_and_node(self) -> tuple[int, str]:
+        """(pid, Ray node id) of this device's process: the driver waits for the ones on its node
+        to end before it sweeps what they may have left on /dev/shm."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
     # ---- rollout role -------------------------------------------------------------------------
     def submit(self, requests: list, cap: int) -> None:
         """Queue requests; at most `cap` are inside the engine at once (the dispatcher's cap)."""
@@ -294,7 +299,13 @@ class Device(FileEndpoint):
         return step, self.version
 
     def shutdown(self) -> None:
-        self.loop.close()
+        """Stop generating and give back what the engine holds outside this process (vLLM's engine
+        process, its weights file and shared memory on /dev/shm), which outlive a killed actor."""
+        try:
+            self.loop.abort()  # release needs an idle engine; the job is over, the partials go
+            self.loop.with_engine(lambda engine: engine.release())
+        finally:
+            self.loop.close()
 
     def _maybe_hang(self, call: str, steps: list[int]) -> None:
         """The fault tests' hung worker: sleep forever in `call` for work of the hook's step."""
