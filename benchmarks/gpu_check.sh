@@ -18,6 +18,13 @@
 #                    colocated bfloat16 run: the same bytes of weights and optimizer state
 #   full-bf16        the same with cluster.shard=full (weights sharded too: gathered module by module
 #                    in lockstep rounds, gradients to their owners, the sync from every owner)
+#   shared-sharded   two train devices sharing the GPU from the first update, in fp32: gloo's send and
+#                    recv take CPU tensors only, so every point-to-point transfer (the bitwise gradient
+#                    exchange, streamed checkpoints, a resize 1+2 -> 2+1 resharding the optimizer
+#                    state) is staged through host memory (runtime/transport.py); the same bytes of
+#                    weights and optimizer state as the colocated run
+#   shared-full      the same with cluster.shard=full (gradients to their owners, the weight sync
+#                    from every owner, point to point)
 #   engine-bench     benchmarks/engine.py on the GPU (fast and bitwise engines, HF generate)
 #   memory-bench     benchmarks/gpu_memory.py: a Qwen2.5-0.5B-shaped random model, engine in bf16
 #                    and a train step, peak bytes per parameter
@@ -68,6 +75,9 @@ SMALL=(run.progress=false algorithm.prompts_per_step=8 algorithm.group_size=4 al
        "model.path=$WORK/warmstart" cluster.device=cuda determinism=bitwise)
 SHARED=(pipeline.mode=sync cluster.devices=3 cluster.gpus_per_device=0.33 "cluster.split=[2,1]"
         'resize.schedule=[{at_step: 2, split: [1, 2]}]' resize.mode=live run.checkpoint_every=2)
+# two train devices on the shared GPU from step 0, then one (the optimizer state reshards)
+SHARED_TWO=(pipeline.mode=sync cluster.devices=3 cluster.gpus_per_device=0.33 "cluster.split=[1,2]"
+            'resize.schedule=[{at_step: 2, split: [2, 1]}]' resize.mode=live run.checkpoint_every=2)
 
 # the model's digest in a run's latest checkpoint (weights only: what the split may not change)
 weights_of() { sha256sum "$1/checkpoints/$(cat "$1/checkpoints/latest")/model.safetensors" | cut -d' ' -f1; }
@@ -106,6 +116,12 @@ if [ -d "$WORK/warmstart" ]; then
     step full-bf16 180 "$PY" -m poise train "${SMALL[@]}" "${SHARED[@]}" run.steps=4 model.dtype=bfloat16 \
         cluster.shard=full "run.dir=$WORK/full-bf16" \
         && step bitwise-full 10 test "$(state_of "$WORK/full-bf16")" = "$(state_of "$WORK/bf16-colocated")"
+    step shared-sharded 180 "$PY" -m poise train "${SMALL[@]}" "${SHARED_TWO[@]}" run.steps=4 cluster.shard=optimizer \
+        "run.dir=$WORK/shared-sharded" \
+        && step bitwise-sharded 10 test "$(state_of "$WORK/shared-sharded")" = "$(state_of "$WORK/bitwise-a")"
+    step shared-full 180 "$PY" -m poise train "${SMALL[@]}" "${SHARED_TWO[@]}" run.steps=4 cluster.shard=full \
+        "run.dir=$WORK/shared-full" \
+        && step bitwise-shared-full 10 test "$(state_of "$WORK/shared-full")" = "$(state_of "$WORK/bitwise-a")"
 else
     echo "gpu_check: no warm start (the colocated step failed before making it): the runs that start from it are skipped" >&2
     FAILED=1

@@ -21,7 +21,12 @@ How it sits in a device worker:
   for any process that can reach them, the reward sandbox's included).
 - Started at its first step (a train device never starts one) and shut down by `release` (vLLM's
   sleep mode, which keeps the process, is GPU-only): a device leaving the rollout role gives back
-  the KV cache and the process.
+  the KV cache and the process, and so does the end of a run (colocated, or a device's shutdown).
+- /dev/shm outlives every process: the weights directory and vLLM's shared-memory message queues
+  (`psm_*`, hundreds of MB) stay until reboot unless someone removes them. The directory is named
+  after the owning process (`poise-vllm-<pid>-*`) and lists the segments vLLM's processes map;
+  `release` removes both, and `sweep_stale_shm` (at every engine start, and at the end of a
+  runtime job) removes what a process that died without `release` (a crash, a kill) left.
 - Sampling: each request's seed is a function of (seed, sample id, tokens already generated), so
   what a sample draws does not depend on the engine that ran it, up to vLLM's batch variance.
 - Abort hands on each sequence's tokens and log-probs received so far; resume continues a partial
@@ -261,15 +266,17 @@ class VllmEngine:
             self._loaded = None  # the tree may have changed even at the same version number (a resume)
 
     def release(self) -> None:
-        """Shut vLLM down (its process and KV cache); the next step starts it again."""
+        """Shut vLLM down (its process and KV cache) and remove what it had on /dev/shm; the next
+        step starts it again."""
         if not self.idle:
             raise EngineBusyError(f"release needs an idle engine; {len(self._live) + len(self._pending)} in flight")
         if self._llm is not None:
+            _record_segments(self._dir)  # any queue made since the start
             self._llm.llm_engine.engine_core.shutdown()
             self._llm = None
             self._loaded = None
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            _remove_owned(self._dir)
             self._dir = None
 
     @property
@@ -288,7 +295,10 @@ class VllmEngine:
         t = time.perf_counter()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # its own process: see the module docstring
         _quiet_vllm()
-        self._dir = Path(tempfile.mkdtemp(prefix="poise-vllm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+        shm = SHM if os.path.isdir(SHM) else None
+        if shm is not None:
+            sweep_stale_shm(Path(shm))
+        self._dir = Path(tempfile.mkdtemp(prefix=f"poise-vllm-{os.getpid()}-", dir=shm))
         config = self.model.config
         if not config.architectures:  # a model built from a config (the seeded tiny one) names none
             config.architectures = [type(self.model).__name__]
@@ -297,7 +307,23 @@ class VllmEngine:
         from vllm import LLM
 
         device = next(self.model.parameters()).device
-        self._llm = LLM(model=str(self._dir), skip_tokenizer_init=True, dtype=str(self.model.dtype).split(".")[-1],
+        before = set(os.listdir(shm)) if shm is not None else set()
+        try:
+            self._llm = self._launch(LLM, device)
+        except BaseException:
+            _remove_owned(self._dir)  # a failed start leaves nothing behind either
+            self._dir = None
+            raise
+        # its message queues' segments (mapped), and multiprocessing's semaphores made meanwhile
+        # (held by no mapping we can read), for release or a later sweep
+        made = set(os.listdir(shm)) - before if shm is not None else set()
+        _record_segments(self._dir, {name for name in made if name.startswith("sem.mp-")})
+        self._loaded = self.version
+        self.start_seconds = time.perf_counter() - t
+
+    def _launch(self, LLM, device: torch.device):
+        """vLLM's engine on the directory's model, in a process of its own."""
+        return LLM(model=str(self._dir), skip_tokenizer_init=True, dtype=str(self.model.dtype).split(".")[-1],
                         seed=self.seed, max_model_len=self.context, max_num_seqs=self.num_slots,
                         # prompts are never chunked: seeded sampling on CPU fails on a chunked prefill
                         max_num_batched_tokens=max(self.cfg.max_prefill_tokens, self.context),
@@ -305,8 +331,6 @@ class VllmEngine:
                         logprobs_mode="processed_logprobs", load_format="safetensors",
                         distributed_executor_backend="uni", enable_prefix_caching=True,
                         disable_log_stats=True)
-        self._loaded = self.version
-        self.start_seconds = time.perf_counter() - t
 
     def _write_weights(self) -> None:
         """The module tree's weights as the directory's model.safetensors (renamed into place)."""
@@ -324,6 +348,81 @@ class VllmEngine:
         self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._dir)})
         self._loaded = self.version
         self.weight_loads.append(time.perf_counter() - t)
+
+
+SHM = "/dev/shm"
+SEGMENTS = "segments"  # in an engine's directory: the shared-memory segments its processes mapped
+
+
+def _process_tree() -> list[int]:
+    """This process and its descendants (vLLM's engine-core process and its helpers)."""
+    import psutil  # a vLLM dependency
+
+    me = psutil.Process()
+    return [me.pid] + [child.pid for child in me.children(recursive=True)]
+
+
+def _mapped_segments(pids: Iterable[int]) -> set[str]:
+    """Names of the /dev/shm files (not directories) that `pids` map or hold open."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                paths = [line.split(maxsplit=5)[-1].strip() for line in f if f" {SHM}/" in line]
+            paths += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        names |= {path[len(SHM) + 1:] for path in paths
+                  if path.startswith(SHM + "/") and "/" not in path[len(SHM) + 1:] and not path.endswith("(deleted)")}
+    return names
+
+
+def _record_segments(directory: Path | None, extra: set[str] = frozenset()) -> None:
+    """Add the segments this process tree maps, and `extra`, to `directory`'s list (never the
+    engines' own directories: those are removed as a whole)."""
+    if directory is None or not directory.is_dir():
+        return
+    listed = directory / SEGMENTS
+    known = set(listed.read_text().split()) if listed.is_file() else set()
+    found = {name for name in _mapped_segments(_process_tree()) | set(extra) if not name.startswith("poise-vllm-")}
+    if found - known:
+        part = directory / (SEGMENTS + ".part")
+        part.write_text("\n".join(sorted(known | found)) + "\n")
+        part.replace(listed)
+
+
+def _remove_owned(directory: Path) -> list[str]:
+    """Unlink the segments `directory` lists (those still there) and remove it; what went."""
+    root, gone = directory.parent, []
+    listed = directory / SEGMENTS
+    for name in (listed.read_text().split() if listed.is_file() else []):
+        with contextlib.suppress(FileNotFoundError):
+            (root / name).unlink()
+            gone.append(name)
+    shutil.rmtree(directory, ignore_errors=True)
+    return gone + [directory.name]
+
+
+def _owner_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process of that pid: alive
+        return True
+    return True
+
+
+def sweep_stale_shm(root: Path = Path(SHM)) -> list[str]:
+    """Remove what vLLM engines of processes that are gone left in `root` (a crash, a killed
+    actor: no `release` ran): each `poise-vllm-<pid>-*` directory whose process is dead, and the
+    shared-memory segments it lists. Returns the names removed."""
+    removed: list[str] = []
+    for directory in sorted(root.glob("poise-vllm-*")):
+        owner = directory.name.split("-")[2]
+        if owner.isdigit() and not _owner_alive(int(owner)):
+            removed += _remove_owned(directory)
+    return removed
 
 
 def vllm_installed() -> bool:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Protocol, Sequence
 
+import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from poise.config import TrainConfig
@@ -241,11 +243,48 @@ class Runtime:
 
     def shutdown(self) -> None:
         """Stop the actors and release the placement groups (also those of a start that failed midway)."""
+        vllm = self.cfg.rollout.backend == "vllm" and self.spec.emulated is None
+        pids = self.device_pids() if vllm and getattr(self, "workers", None) else []
         self.stop()
         if self.pool is not None:
             self.pool.release()
         if self.reserve is not None:
             self.reserve.release()
+        if vllm:
+            # what the vLLM engines of devices killed before their engine's release (a crash, a
+            # recovery, a shutdown past its deadline) left on this node's /dev/shm: swept once
+            # their processes are gone (a killed actor's process ends a moment after the kill)
+            from poise.rollout.vllm_engine import sweep_stale_shm
+
+            deadline = time.time() + faults.PROBE_S
+            while time.time() < deadline and any(_alive(pid) for pid in pids):
+                time.sleep(0.1)
+            sweep_stale_shm()
+
+    def device_pids(self) -> list[int]:
+        """The processes of the devices on this node that answer within PROBE_S."""
+        refs = [w.process_and_node.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=faults.PROBE_S)
+        here = ray.get_runtime_context().get_node_id()
+        pids = []
+        for ref in ready:
+            try:
+                pid, node = ray.get(ref)
+            except (RayActorError, RayTaskError):
+                continue
+            if node == here:
+                pids.append(pid)
+        return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid
+        return True
+    return True
 
 
 class Driver:
@@ -256,6 +295,7 @@ class Driver:
         # static, a schedule, or the controller
         self.policy = policy if policy is not None else resize_policy(cfg, runtime.emulation_cost)
         self.pending_resize: ResizeReport | None = None  # completed by the first step on the new split
+        self.resize_from: tuple[list[int], list[int]] | None = None  # (rollout, train ranks) while a resize runs
         self.resize_wall = (0.0, 0.0)  # run-time start and end of the pending resize
         self.version = 0
         self.start_step = 0
@@ -382,6 +422,11 @@ class Driver:
             raise faults.RunFailure(faults.unrecoverable(self.rt, lost.devices, step, self.run_dir,
                                                          "emulated devices hold no state to restore from"))
         rollout_version = self.version  # what generation in flight was made with
+        if phase == "resize" and self.resize_from is not None:
+            # a resize half done: its joiners may not hold the optimizer state yet. The devices are
+            # replaced on the split before it, from one of its train devices, and it runs again
+            self.rt.rollout_ranks, self.rt.train_ranks = self.resize_from
+            self.rt.leader = self.rt.train_ranks[0]
         if phase == "step" and self.trained is None:
             done = faults.settled_updates(self.rt.trainer, c.step_timeout_s)
             if done == "some":
@@ -640,13 +685,9 @@ class Driver:
         if decision.action != "resize":
             return
         start = self.now()
-        if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
-            report = hard_resize(self.rt, decision.to_split, self.version, step, self.run_dir)
-            self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
-            devices = list(range(self.cfg.cluster.devices))  # every device stops
-        else:
-            report = live_resize(self.rt, decision.to_split, self.version, step, self.cfg.resize.staging_mb)
-            devices = report.to_train + report.to_rollout
+        self.resize_from = (list(self.rt.rollout_ranks), list(self.rt.train_ranks))
+        report, devices = self.survive(log, step, "resize", lambda: self.resize(decision.to_split, step))
+        self.resize_from = None
         self.pending_resize, self.resize_wall = report, (start, self.now())
         t = start
         for phase, seconds in report.phases.items():  # on the switching devices' rows, one after another
@@ -654,6 +695,18 @@ class Driver:
                 log.event("interval", t, device=device, role="resize", phase=phase, step=step, start=t,
                           end=t + seconds)
             t += seconds
+
+    def resize(self, to: Split, step: int) -> tuple[ResizeReport, list[int]]:
+        """Move to split `to` after step `step` (live, or the hard baseline); the report and the
+        devices whose rows show it. After a recovery (the devices back on the split before the
+        resize, runtime/faults.py) it runs again from the start."""
+        self.injector.at(self.rt, "resize", step)  # the fault tests: a death as the resize starts
+        if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
+            report = hard_resize(self.rt, to, self.version, step, self.run_dir)
+            self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
+            return report, list(range(self.cfg.cluster.devices))  # every device stops
+        report = live_resize(self.rt, to, self.version, step, self.cfg.resize.staging_mb)
+        return report, report.to_train + report.to_rollout
 
     def log_resize(self, log: RunLog, updates: list[dict]) -> None:
         """The `resize` event of the last resize, once its first step showed the barrier wait."""

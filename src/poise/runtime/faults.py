@@ -29,7 +29,8 @@ Test hooks (read by the driver, honoured by real Ray calls, never a mock):
   POISE_TEST_KILL=<phase>:<step>:<device>   ray.kill that device's actor at `phase` of `step`:
       generate (after the step's first samples arrived), train (generation over, its
       micro-batches queued or running), publish (the update done, the weight sync in flight),
-      checkpoint (before the step's checkpoint is written). An emulated device that shares
+      checkpoint (before the step's checkpoint is written), resize (as the resize after the
+      step starts, before its first call). An emulated device that shares
       its process (emulation.devices_per_process) dies with that process's other devices.
   POISE_TEST_KILL=sync:<step>:<device>:<seconds>   the device SIGKILLs its own process <seconds>
       after it enters the weight sync of `step` (sender or receiver), or at the sync's end if it
@@ -62,7 +63,7 @@ from poise.runtime import hosting
 
 KILL_ENV = "POISE_TEST_KILL"
 HANG_ENV = "POISE_TEST_HANG"
-KILL_PHASES = ("generate", "train", "publish", "checkpoint", "sync")  # sync: the device kills itself
+KILL_PHASES = ("generate", "train", "publish", "checkpoint", "resize", "sync")  # sync: the device kills itself
 PROBE_S = 5.0  # how long a survivor has to answer the probe after a failure
 START_UP_S = 300.0  # at least this long for the actors' start (model build, rendezvous) on a loaded machine
 

@@ -289,7 +289,7 @@ class ParameterShards:
         owner, group = self.owner[i], self.group
         g = grad.detach().to(torch.float32).reshape(-1).contiguous()
         if owner != self.rank:
-            dist.send(g, dst=owner, group=group)
+            self.comm.transport.send(g, owner, group)
         else:
             for position, leaf in enumerate(self.leaves):
                 source = self.ranks[position]
@@ -297,7 +297,7 @@ class ParameterShards:
                     piece = g.clone()  # its own: a buffer of its own, not autograd's gradient
                 else:
                     piece = torch.empty_like(g)
-                    dist.recv(piece, src=source, group=group)
+                    self.comm.transport.recv(piece, source, group)
                 if leaf < 0:
                     continue
                 if source != self.rank:

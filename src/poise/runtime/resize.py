@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import ray
-
 from poise.policy.split import Split
+from poise.runtime import faults
 
 
 def roles_of(split: Split) -> tuple[list[int], list[int]]:
@@ -108,10 +107,21 @@ class ResizeReport:
                 "weights_held_by_device": {str(d): b for d, b in self.weights_held.items()}}
 
 
+def _on(rt, devices: list[int], call, what: str, start_up: bool = False) -> list:
+    """`call(worker)` on each of `devices`, awaited with the step deadline (`faults.wait`): a hung
+    device ends the resize with one line, a dead one raises WorkerLost for the driver to recover.
+    `start_up`: an engine or a model is built, which gets the start-up allowance."""
+    timeout_s = rt.cfg.cluster.step_timeout_s
+    if start_up:
+        timeout_s = max(timeout_s, faults.START_UP_S)
+    return faults.wait([call(rt.workers[d]) for d in devices], devices, what, timeout_s, rt)
+
+
 def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> ResizeReport:
     """Move devices between roles on the running job `rt` (runtime.driver.Runtime) right after
     weights `version` reached every device."""
     old = rt.split
+    what = f"the resize {old.as_list()} -> {to.as_list()} after step {step}"
     new_rollout, new_train = roles_of(to)
     to_train = [d for d in rt.rollout_ranks if d in new_train]
     to_rollout = [d for d in rt.train_ranks if d in new_rollout]
@@ -121,21 +131,21 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
         t = time.perf_counter()
         old_train = list(rt.train_ranks)
         if rt.full:  # the parameters are sharded too: a leaving device takes the whole model, a staying one its new run
-            gathered = ray.get([workers[d].gather_weights.remote(new_train) for d in old_train])
+            gathered = _on(rt, old_train, lambda w: w.gather_weights.remote(new_train), what)
             report.weights_held = {d: held for d, (held, _) in zip(old_train, gathered)}
             report.weights_received = {d: received for d, (_, received) in zip(old_train, gathered)}
         report.staged_by = sorted(set(old_train) | set(new_train))
-        ray.get([workers[d].reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20))
-                 for d in report.staged_by])
+        _on(rt, report.staged_by, lambda w: w.reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20)),
+            what)
         report.phases["optimizer_staging_start"] = time.perf_counter() - t
 
     t = time.perf_counter()  # the leaving rollout devices give their generation back
-    taken = ray.get([workers[d].abort_generation.remote() for d in to_train])
+    taken = _on(rt, to_train, lambda w: w.abort_generation.remote(), what)
     rt.service.remove_instances(to_train)
     report.phases["abort"] = time.perf_counter() - t
 
     t = time.perf_counter()  # train -> rollout: the engine starts from the weights it holds
-    ray.get([workers[d].become.remote("rollout", version) for d in to_rollout])
+    _on(rt, to_rollout, lambda w: w.become.remote("rollout", version), what, start_up=True)
     rt.service.add_instances([workers[d] for d in to_rollout], to_rollout)
     report.phases["engine_build"] = time.perf_counter() - t
 
@@ -148,9 +158,9 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     report.phases["hand_over"] = time.perf_counter() - t
 
     t = time.perf_counter()  # rollout -> train: cached groups, weights already current
-    ray.get([workers[d].become.remote("train", version) for d in to_train])
+    _on(rt, to_train, lambda w: w.become.remote("train", version), what, start_up=True)
     if rt.full:  # a joining device keeps its run, like the devices that stayed
-        ray.get([workers[d].shard_weights.remote(new_train) for d in to_train])
+        _on(rt, to_train, lambda w: w.shard_weights.remote(new_train), what)
     peer = next(d for d in rt.train_ranks if d in new_train)  # a train device that stays
     rt.rollout_ranks, rt.train_ranks, rt.leader = new_rollout, new_train, new_train[0]
     rt.trainer.set_devices([workers[d] for d in new_train], new_train, **rt.helpers())
@@ -160,10 +170,11 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward
     if to_train and not rt.sharded:
         ranks = [peer] + to_train
-        ray.get([workers[d].stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)) for d in ranks])
+        _on(rt, ranks, lambda w: w.stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)), what)
     if not rt.sharded:
         report.phases["optimizer_staging_start"] = time.perf_counter() - t
-    report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in workers]))
+    report.groups_created = sum(_on(rt, list(range(len(workers))), lambda w: w.groups_created_after_prewarm.remote(),
+                                    what))
     return report
 
 
@@ -178,9 +189,10 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
     report = ResizeReport(step, old, to, [d for d in rt.rollout_ranks if d in new_train],
                           [d for d in rt.train_ranks if d in new_rollout], mode="hard")
     emulated = rt.emulation_cost is not None
+    what = f"the hard resize {old.as_list()} -> {to.as_list()} after step {step}"
 
     t = time.perf_counter()
-    ray.get([rt.workers[d].abort_generation.remote() for d in rt.rollout_ranks])
+    _on(rt, list(rt.rollout_ranks), lambda w: w.abort_generation.remote(), what)
     report.phases["drain"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -202,17 +214,20 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
 
     t = time.perf_counter()
     if path is not None:
-        states = ray.get([w.load_checkpoint.remote(rt.store.readable(d, w, path), rt.train_ranks)
-                          for d, w in enumerate(rt.workers)])
+        devices = list(range(len(rt.workers)))
+        states = faults.wait([w.load_checkpoint.remote(rt.store.readable(d, w, path), rt.train_ranks)
+                              for d, w in enumerate(rt.workers)], devices, what,
+                             max(rt.cfg.cluster.step_timeout_s, faults.START_UP_S), rt)
         rt.store.release()
         if {v for _, v in states} != {version}:
             raise RuntimeError(f"hard resize: reloaded weights versions {sorted({v for _, v in states})}, "
                                f"expected {version}")
         shutil.rmtree(Path(run_dir) / "resize-hard", ignore_errors=True)
     else:
-        ray.get([w.restore_version.remote(version) for w in rt.workers])
+        _on(rt, list(range(len(rt.workers))), lambda w: w.restore_version.remote(version), what)
     report.phases["reload"] = time.perf_counter() - t
-    report.groups_created = sum(ray.get([w.groups_created_after_prewarm.remote() for w in rt.workers]))
+    report.groups_created = sum(_on(rt, list(range(len(rt.workers))),
+                                    lambda w: w.groups_created_after_prewarm.remote(), what))
     return report
 
 
@@ -221,7 +236,8 @@ def finish_report(rt, report: ResizeReport, updates: Sequence[dict]) -> ResizeRe
     and how long that step's updates waited for it."""
     staged_by = report.staged_by or report.to_train  # sharded: every owner old and new; else the joiners
     if staged_by:
-        reports = ray.get([rt.workers[d].staging_report.remote() for d in staged_by])
+        reports = _on(rt, list(staged_by), lambda w: w.staging_report.remote(),
+                      f"the optimizer staging of the resize after step {report.step}")
         report.staging = dict(zip(staged_by, reports))
     report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
     return report

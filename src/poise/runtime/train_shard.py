@@ -14,7 +14,6 @@ number of train devices (addition is element-wise: a slice's sums are the whole 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkp
                                     safetensors_order, save_checkpoint)
 from poise.train.lora import trained_parameters
 from poise.runtime.full_shard import ParameterShards
+from poise.runtime.transport import Direct, Transport
 from poise.train.reduce import TreeAccumulator, combine, index_nodes
 from poise.train.sharding import element_bounds, owner_runs
 from poise.train.trainer import PolicyTrainer, param_views
@@ -40,10 +40,13 @@ class CommunicatorCache:
 
     `dist.new_group` is collective over the whole world: every worker must call `get` for the
     same rank sets in the same order, which `DeviceWorker.prewarm_groups` guarantees.
+    `transport`: how every point-to-point transfer on these groups moves its tensors, decided once
+    by the worker for the world's backend and its device (runtime/transport.py `transport_for`).
     """
 
-    def __init__(self, timeout=None) -> None:
+    def __init__(self, timeout=None, transport: Transport | None = None) -> None:
         self.timeout = timeout  # of every collective on these groups (cluster.step_timeout_s)
+        self.transport: Transport = transport or Direct()
         self._groups: dict[frozenset[int], object] = {}
         self.created_after_prewarm = 0  # groups a resize had to create on its critical path
         self.warmed = 0  # groups of this rank that ran a collective at pre-warm (NCCL's set-up done)
@@ -79,12 +82,13 @@ def slice_bounds(numel: int, parties: int) -> list[tuple[int, int]]:
 
 def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ranks: list[int], rank: int, group,
                          numel: int, device: torch.device, rows: int,
-                         bounds: list[tuple[int, int]] | None = None, gather: bool = True) -> tuple[torch.Tensor, int]:
+                         bounds: list[tuple[int, int]] | None = None, gather: bool = True,
+                         transport: Transport | None = None) -> tuple[torch.Tensor, int]:
     """The root of the tree over m micro-batches whose nodes the `ranks` hold between them (this
     rank's are `nodes`, `rows` the most any rank holds); returns it, flat, and the bytes this rank
     received. `bounds`: the slice each rank combines (default: equal slices); `gather=False`
     (sharded: each owner needs its own slice only) returns this rank's combined slice and skips
-    step 4.
+    step 4. `transport`: of the point-to-point slices (runtime/transport.py; default: direct).
 
     1. Node names: an all-gather of each rank's (level, index) pairs, `rows` of them (a few floats).
     2. Slices: rank i gets slice i of every other rank's nodes, point to point (transport only).
@@ -92,6 +96,7 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
     4. All-gather of the combined slices (padded to the longest by at most one element).
     """
     ranks = sorted(ranks)  # the group's own rank order, which all_gather follows
+    transport = transport or Direct()
     parties, me = len(ranks), ranks.index(rank)
     bounds = bounds or slice_bounds(numel, parties)
     mine = sorted(nodes)
@@ -113,7 +118,7 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
                 for other in range(parties):
                     a, b = bounds[other]
                     if other != me and b > a:  # an owner of no parameter gets nothing
-                        pending.append(dist.isend(nodes[node][a:b].contiguous(), dst=ranks[other], group=group))
+                        pending.append(transport.isend(nodes[node][a:b].contiguous(), ranks[other], group))
             continue
         for row in peer_names.tolist():
             if row[0] < 0:
@@ -123,7 +128,7 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
                 raise RuntimeError(f"tree node {node} is held by two devices")
             table[node] = torch.empty(hi - lo, dtype=torch.float32, device=device)
             if hi > lo:
-                pending.append(dist.irecv(table[node], src=ranks[peer], group=group))
+                pending.append(transport.irecv(table[node], ranks[peer], group))
                 received += 4 * (hi - lo)
     for work in pending:
         work.wait()
@@ -162,6 +167,7 @@ class TorchTrainShard:
         self._sum: torch.Tensor | None = None  # semantic: their running sum (reassociation allowed)
         self._held: set[int] = set()
         self._staging: OptimizerStaging | None = None  # a live resize's optimizer transfer in flight
+        self._barrier_s = 0.0  # seconds this update's rounds waited for it (shard: full)
 
     def train_micro_batch(self, index: int, samples, advantages) -> dict:
         start = time.time()
@@ -189,6 +195,10 @@ class TorchTrainShard:
         start = time.time()
         if index is not None and index in self._held:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
+        # a resize's optimizer reshard runs its transfers on a thread of its own over another
+        # communicator: the round's collectives wait for it, so two communicators never run at once
+        # (NCCL can hang when two threads use two communicators in an order the ranks do not share)
+        self._barrier_s += self.wait_staging()
         self.full.begin_round(ranks, index)
         try:
             if index is None:
@@ -213,7 +223,8 @@ class TorchTrainShard:
         nodes any of `ranks` holds (the size of the node names each rank sends).
         """
         start = time.time()
-        barrier_s = self.wait_staging()  # the optimizer state must be whole before the step
+        barrier_s = self._barrier_s + self.wait_staging()  # the optimizer state must be whole before the step
+        self._barrier_s = 0.0
         gathered = None
         if self.full is not None:
             gathered = self.full.weight_bytes  # of `received`: the weights the rounds gathered
@@ -294,6 +305,7 @@ class TorchTrainShard:
         leaving for rollout takes the whole model, one that stays its run among train devices
         `new_ranks` alone (runtime/full_shard.py `reshard`). Returns the most weight bytes it held
         at once and the weight bytes it received."""
+        self.wait_staging()  # its collectives never beside a transfer still on its own thread
         return self.full.reshard(new_ranks) if self.full is not None else (0, 0)
 
     def shard_weights(self, ranks: list[int]) -> None:
@@ -333,7 +345,7 @@ class TorchTrainShard:
             raise RuntimeError(f"device {self.rank}: tree nodes {sorted(nodes)} are not the aligned nodes of "
                                f"micro-batches {sorted(indices)}")
         return exchange_and_combine(nodes, m, ranks, self.rank, group, self.numel, self.device, rows, bounds,
-                                    gather=bounds is None)
+                                    gather=bounds is None, transport=self.comm.transport)
 
     # ---- live resize ------------------------------------------------------------------------
     def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
@@ -468,7 +480,7 @@ class TorchTrainShard:
         if self.rank != writer:
             for i in order:
                 if full.owner[i] == self.rank:
-                    dist.send(self.trainer.params[i].data, dst=writer, group=group)
+                    self.comm.transport.send(self.trainer.params[i].data, writer, group)
             return None
 
         params = self.trainer.params
@@ -481,7 +493,7 @@ class TorchTrainShard:
         """A file entry's value on the writer: the tensor received from its owner when it is due."""
         def value():
             out = torch.empty(shape, dtype=dtype, device=self.device)
-            dist.recv(out, src=owner, group=group)
+            self.comm.transport.recv(out, owner, group)
             return out
         return value
 
@@ -500,7 +512,7 @@ class TorchTrainShard:
                 before_sends()
             for _, name, _, _, owner in every:
                 if owner == self.rank:
-                    dist.send(mine[name]().to(self.device).contiguous(), dst=writer, group=group)
+                    self.comm.transport.send(mine[name]().to(self.device).contiguous(), writer, group)
             return None
 
         return [(name, dtype, shape,
@@ -536,6 +548,7 @@ class TorchTrainShard:
         """The weights' digest; `shard: full` while sharded: collective over the train group, the
         group's first device returns it (the others None)."""
         if self.full is not None and self.full.ranks is not None:
+            self.wait_staging()  # a collective: never beside a transfer still on its own thread
             return self.full.digest(self.names)
         return weights_digest(self.trainer.model)
 
@@ -579,45 +592,69 @@ class OptimizerReshard:
             owner_of.append([ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)])
         opt, device = shard.trainer.optimizer, shard.device
         buf = torch.empty(max(1, min(max(shard.sizes), self.buffer_bytes // 4)), dtype=torch.float32, device=device)
+        side = _side_stream(device)
         moved = {"received": 0, "sent": 0}
-        with _side_stream(device):
-            for i, p in enumerate(shard.trainer.params):
-                src, dst = owner_of[0][i], owner_of[1][i]
-                if src == dst or me not in (src, dst):
-                    continue
-                state = opt.state.pop(p, None) if me == src else None
-                step = torch.tensor([-1.0 if state is None else float(state["step"])], device=device)
-                if me == src:
-                    dist.send(step, dst=dst, group=group)
-                else:
-                    dist.recv(step, src=src, group=group)
-                moved["sent" if me == src else "received"] += 4
-                if step.item() < 0:
-                    continue
-                if me == dst:
-                    state = shard.trainer.fresh_state(p)
-                    state["step"].fill_(step.item())
-                for key in shard.trainer.state_fields():
-                    flat = state[key].view(-1)
-                    for lo in range(0, flat.numel(), buf.numel()):
-                        chunk = buf[:min(buf.numel(), flat.numel() - lo)]
-                        if me == src:
-                            chunk.copy_(flat[lo:lo + chunk.numel()])
-                            dist.send(chunk, dst=dst, group=group)
-                        else:
-                            dist.recv(chunk, src=src, group=group)
-                            flat[lo:lo + chunk.numel()].copy_(chunk)
-                        moved["sent" if me == src else "received"] += 4 * chunk.numel()
-                if me == dst:
-                    opt.state[p] = state
-                del state
-            _sync(device)
+        for i, p in enumerate(shard.trainer.params):
+            src, dst = owner_of[0][i], owner_of[1][i]
+            if src == dst or me not in (src, dst):
+                continue
+            if me == src:
+                moved["sent"] += self._send_state(p, dst, group, buf, side)
+            else:
+                moved["received"] += self._receive_state(p, src, group, buf, side)
         if me not in self.new:
             opt.state.clear()
         else:
             shard.stepped = shard.stepped or bool(opt.state)
         self.report = {"bytes": moved["received"], "sent_bytes": moved["sent"], "seconds": time.time() - t0,
                        "peak_buffer_bytes": 4 * buf.numel()}
+
+    def _send_state(self, p: torch.Tensor, dst: int, group, buf: torch.Tensor, side: "_SideStream") -> int:
+        """Parameter p's state to its new owner `dst`, then freed here; returns the bytes sent."""
+        shard = self.shard
+        transport, device = shard.comm.transport, shard.device
+        state = shard.trainer.optimizer.state.pop(p, None)
+        transport.send(torch.tensor([-1.0 if state is None else float(state["step"])], device=device), dst, group)
+        if state is None:
+            return 4
+        sent = 4
+        with side:  # the chunk copies out of the state, beside the training stream
+            for key in shard.trainer.state_fields():
+                flat = state[key].view(-1)
+                for lo in range(0, flat.numel(), buf.numel()):
+                    chunk = buf[:min(buf.numel(), flat.numel() - lo)]
+                    chunk.copy_(flat[lo:lo + chunk.numel()])
+                    transport.send(chunk, dst, group)
+                    sent += 4 * chunk.numel()
+            del flat
+        # the side stream's copies read the state: they must be done before its memory goes back to
+        # the allocator, which would hand it to the training stream's next allocation at once
+        side.synchronize()
+        del state
+        return sent
+
+    def _receive_state(self, p: torch.Tensor, src: int, group, buf: torch.Tensor, side: "_SideStream") -> int:
+        """Parameter p's state from its old owner `src` into fresh state here; returns the bytes."""
+        shard = self.shard
+        transport, device = shard.comm.transport, shard.device
+        step = torch.empty(1, dtype=torch.float32, device=device)
+        transport.recv(step, src, group)
+        if step.item() < 0:
+            return 4
+        received = 4
+        state = shard.trainer.fresh_state(p)  # on the training stream, where the state lives on
+        state["step"].fill_(step.item())
+        with side:  # waits for the training stream's work on the fresh state, then writes it
+            for key in shard.trainer.state_fields():
+                flat = state[key].view(-1)
+                for lo in range(0, flat.numel(), buf.numel()):
+                    chunk = buf[:min(buf.numel(), flat.numel() - lo)]
+                    transport.recv(chunk, src, group)
+                    flat[lo:lo + chunk.numel()].copy_(chunk)
+                    received += 4 * chunk.numel()
+        side.synchronize()  # whole before the step (or a checkpoint) reads it on the training stream
+        shard.trainer.optimizer.state[p] = state
+        return received
 
 
 @torch.no_grad()
@@ -846,7 +883,7 @@ class BroadcastSync:
             mine, at = owner[at] == self.rank, at + len(bucket)
             if mine:  # one bucket in flight at a time, to every receiver (the default group: any pair)
                 flat = torch.cat([p.detach().reshape(-1) for _, p in bucket])
-                for work in [dist.isend(flat, dst=r) for r in receivers]:
+                for work in [self.comm.transport.isend(flat, r) for r in receivers]:
                     work.wait()
                 del flat
         self.engine_call(lambda engine: engine.set_weights_version(version))
@@ -874,7 +911,7 @@ class BroadcastSync:
             if owner is None:
                 dist.broadcast(flat, src=src, group=group)
             else:  # shard: full: from the bucket's owner
-                dist.recv(flat, src=owner[at])
+                self.comm.transport.recv(flat, owner[at])
             at += len(bucket)
             if refused is None:
                 offset = 0
@@ -893,11 +930,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _side_stream(device: torch.device):
-    """A CUDA stream of its own for a background transfer, after the work already queued on the
-    current one (the state it reads); a no-op context on CPU."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    return torch.cuda.stream(stream)
+class _SideStream:
+    """A CUDA stream of its own for a background transfer's copies: each entry (`with`) runs after
+    the work already queued on the current stream (the state it reads or the fresh state it
+    fills), and `synchronize` waits for the copies it queued. A no-op on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._entered: list = []
+
+    def __enter__(self) -> "_SideStream":
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
+            context = torch.cuda.stream(self.stream)
+            context.__enter__()
+            self._entered.append(context)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._entered:
+            self._entered.pop().__exit__(*exc)
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+def _side_stream(device: torch.device) -> _SideStream:
+    """A side stream for a background transfer on `device` (`_SideStream`)."""
+    return _SideStream(device)

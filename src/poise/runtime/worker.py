@@ -99,6 +99,11 @@ class Device(FileEndpoint):
         """The pid of the process this device runs in (emulated devices may share one)."""
         return os.getpid()
 
+    def process_and_node(self) -> tuple[int, str]:
+        """(pid, Ray node id) of this device's process: the driver waits for the ones on its node
+        to end before it sweeps what they may have left on /dev/shm."""
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
     # ---- rollout role -------------------------------------------------------------------------
     def submit(self, requests: list, cap: int) -> None:
         """Queue requests; at most `cap` are inside the engine at once (the dispatcher's cap)."""
@@ -294,7 +299,13 @@ class Device(FileEndpoint):
         return step, self.version
 
     def shutdown(self) -> None:
-        self.loop.close()
+        """Stop generating and give back what the engine holds outside this process (vLLM's engine
+        process, its weights file and shared memory on /dev/shm), which outlive a killed actor."""
+        try:
+            self.loop.abort()  # release needs an idle engine; the job is over, the partials go
+            self.loop.with_engine(lambda engine: engine.release())
+        finally:
+            self.loop.close()
 
     def _maybe_hang(self, call: str, steps: list[int]) -> None:
         """The fault tests' hung worker: sleep forever in `call` for work of the hook's step."""
@@ -399,7 +410,11 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     store = join_rendezvous(rank, world_size, rendezvous, max(timeout, datetime.timedelta(seconds=START_UP_S)))
     dist.init_process_group(collective_backend(spec.device, spec.gpus_per_device), store=store, rank=rank,
                             world_size=world_size, timeout=timeout)
-    comm = CommunicatorCache(timeout)
+    from poise.runtime.transport import transport_for
+
+    # decided once for the world's backend and this device: staged through host memory where gloo
+    # would get CUDA tensors (devices sharing a GPU), direct otherwise
+    comm = CommunicatorCache(timeout, transport_for(dist.get_backend(), device))
     tokenizer = load_tokenizer(spec.tokenizer, spec.model.path)
     dtype = getattr(torch, spec.model.dtype)  # model.dtype: the driver checked it and said what it had to
     owners = _starting_owners(spec, rank)

@@ -259,3 +259,5 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
             return loop.run(log)
     finally:
         loop.steps.rewards.close()  # the reward sandbox's workers end with the run
+        loop.engine.abort()  # an error mid-generation leaves sequences in flight; release needs none
+        loop.engine.release()  # vLLM's process, its weights file and shared memory on /dev/shm
