@@ -101,3 +101,13 @@ def test_the_train_step_divides_by_model_tokens():
     expected = float(torch.linalg.vector_norm(summed / 10.0))
     assert math.isclose(stats["grad_norm"], expected, rel_tol=1e-5), (stats["grad_norm"], expected)
     assert not math.isclose(stats["grad_norm"], float(torch.linalg.vector_norm(summed / 16.0)), rel_tol=1e-3)
+
+
+def test_the_log_prob_mismatch_counts_model_tokens_only():
+    """An observation token has no behaviour log-prob (0.0): the trainer-vs-rollout mismatch of the
+    first mini-batch is measured over the 10 model tokens only, not over the 16."""
+    trainer = _trainer(old_logprobs="recompute")
+    result = trainer.micro_batch_grad(0, [_episode((0, 0, 0)), _episode((0, 0, 1))], torch.tensor([1.0, -1.0]))
+    assert result.mismatch.tokens == 2 * sum(EPISODE_MASK)
+    # the model tokens' behaviour log-prob is -2.5; a random model's is about -log(60) = -4.1
+    assert result.mismatch.abs_max < 5.0, result.mismatch

@@ -185,6 +185,12 @@ def param_views(flat: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.
     return views
 
 
+def _trained(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """[N] per response token -> the trained ones (an episode's observation tokens left out)."""
+    on = batch.mask.view(-1)[batch.scatter_at] > 0
+    return flat if bool(on.all()) else flat[on.to(flat.device)]
+
+
 def mismatch_stats(log_ratio: torch.Tensor | None, is_weights: torch.Tensor | None, truncated: torch.Tensor | None,
                    mask: torch.Tensor) -> MismatchStats:
     """One micro-batch's MismatchStats (policy/mismatch.py). log_ratio: [N] trainer logp at the
@@ -343,7 +349,7 @@ class PolicyTrainer:
                            ratio_level=c.ratio_level, agg=c.loss_agg, max_response=c.sampling.max_new_tokens,
                            kl_coef=c.kl_coef, kl_estimator=c.kl_estimator, ref_logprobs=ref,
                            entropy_coef=c.entropy_coef, entropy=entropy, is_weights=is_weights)
-        mismatch = mismatch_stats(flat_logp.detach() - batch.old_logprobs.to(device) if first else None,
+        mismatch = mismatch_stats(_trained(flat_logp.detach() - batch.old_logprobs.to(device), batch) if first else None,
                                   is_weights, truncated, mask)
         # a parameter without gradient: 0 (sunk, none is made: its owner sums what arrives)
         flat = torch.zeros(0 if self.grad_sink else self.numel, dtype=torch.float32, device=device)
