@@ -349,6 +349,16 @@ class AlgorithmConfig:
             object.__setattr__(self, name, value)
 
 
+def preset_filled_knobs(algo: AlgorithmConfig) -> frozenset[str]:
+    """The loss knobs of `algo` that hold what its `loss` preset gives them (set or not): a written-out
+    template leaves these null, so changing `loss` in it applies the new preset instead of pinning
+    this one's values under the new name. `scale_rewards` is not among them: its false only spells
+    advantage dr_grpo, which `advantage` carries."""
+    knobs = ("clip_eps_low", "clip_eps_high", "ratio_level", "loss_agg", "advantage")
+    base = dataclasses.replace(algo, scale_rewards=True, **{k: None for k in knobs})
+    return frozenset(k for k in knobs if getattr(base, k) == getattr(algo, k))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     backend: Literal["poise", "vllm"] = help_field(
