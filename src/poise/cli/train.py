@@ -31,7 +31,7 @@ def config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str 
 
 def run(args: argparse.Namespace) -> int:
     from poise.api import check_before_work, run_training
-    from poise.config import load_train_config
+    from poise.config import config_notes, load_train_config
 
     config_path, overrides = config_and_overrides(args.config, args.overrides)
     if args.resume:
@@ -43,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         config_path = saved
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
+    for note in config_notes(cfg):
+        print(note, file=sys.stderr)
     check_before_work(cfg)  # optional packages, device, prompts, reward functions: before the run directory
 
     interrupt.install(Path(cfg.run.dir))  # Ctrl-C / SIGTERM: see poise.interrupt
