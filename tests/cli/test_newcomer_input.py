@@ -54,3 +54,21 @@ def test_full_shard_with_one_train_device_is_explained_in_one_line(tmp_path, spl
     assert "cluster.shard=none" in lines[0] and len(lines[0]) <= 200
     assert poise("train", "configs/demo.yaml", "cluster.split=[2,2]", "cluster.shard=full", "cluster.device=cuda",
                  f"run.dir={tmp_path}/run").stderr.count("poise: note:") == 0
+
+
+@pytest.mark.parametrize("rewards, want", [
+    ([0.25], "poise: 1 step in RUN; reward 0.250"),
+    ([0.0, 0.5, 1.0], "poise: 3 steps in RUN; reward 0.000 (first step) -> 1.000 (last step)"),
+    ([0.0] * 5 + [1.0] * 5, "poise: 10 steps in RUN; reward 0.000 (first 5) -> 1.000 (last 5)"),
+])
+def test_final_line_fits_the_run_length(tmp_path, monkeypatch, capsys, rewards, want):
+    """The command's last line, with the training itself replaced by its metrics rows."""
+    import poise.api
+    from poise.cli import main
+
+    rows = [{"step": i, "reward_mean": r} for i, r in enumerate(rewards)]
+    monkeypatch.setattr(poise.api, "check_before_work", lambda cfg: None)
+    monkeypatch.setattr(poise.api, "run_training", lambda cfg, resume=False: rows)
+    run_dir = tmp_path / "run"
+    assert main(["train", "configs/demo.yaml", f"run.dir={run_dir}"]) == 0
+    assert capsys.readouterr().err.strip().splitlines()[-1] == want.replace("RUN", str(run_dir))

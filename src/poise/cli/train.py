@@ -59,9 +59,18 @@ def run(args: argparse.Namespace) -> int:
 
         rows = sorted(read_jsonl(Path(cfg.run.dir) / "metrics.jsonl"), key=lambda r: r["step"])
     if rows:
-        first = rows[: min(5, len(rows))]
-        last = rows[-min(5, len(rows)):]
-        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
-        print(f"poise: {len(rows)} steps in {cfg.run.dir}; reward {mean(first):.3f} (first 5) -> "
-              f"{mean(last):.3f} (last 5)", file=sys.stderr)
+        print(final_line(rows, cfg.run.dir), file=sys.stderr)
     return 0
+
+
+def final_line(rows: list[dict], run_dir: str) -> str:
+    """The run's last line: its reward at the start and the end, over 5 steps each where the run
+    has 10 (fewer would make the two means share steps), else its first and last step."""
+    n = len(rows)
+    mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+    head = f"poise: {n} step{'s' if n != 1 else ''} in {run_dir}; reward"
+    if n == 1:
+        return f"{head} {mean(rows):.3f}"
+    if n < 10:
+        return f"{head} {mean(rows[:1]):.3f} (first step) -> {mean(rows[-1:]):.3f} (last step)"
+    return f"{head} {mean(rows[:5]):.3f} (first 5) -> {mean(rows[-5:]):.3f} (last 5)"
