@@ -43,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
         config_path = saved
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
+    done = finished_line(Path(args.resume), cfg.run.steps) if args.resume else None
+    if done:  # nothing to train: say so before the checks, the run directory's locks and Ray
+        print(done, file=sys.stderr)
+        return 0
     for note in config_notes(cfg):
         print(note, file=sys.stderr)
     check_before_work(cfg)  # optional packages, device, prompts, reward functions: before the run directory
@@ -61,6 +65,19 @@ def run(args: argparse.Namespace) -> int:
     if rows:
         print(final_line(rows, cfg.run.dir), file=sys.stderr)
     return 0
+
+
+def finished_line(run_dir: Path, steps: int) -> str | None:
+    """What `--resume` of a run whose newest checkpoint already holds `steps` steps says; None
+    while steps remain (or no checkpoint verifies: the resume itself says so)."""
+    from poise.train.checkpoint import newest_intact_checkpoint
+
+    checkpoint, _ = newest_intact_checkpoint(run_dir)
+    done = int(checkpoint.name.removeprefix("step_")) if checkpoint is not None else 0
+    if checkpoint is None or done < steps:
+        return None
+    return (f"poise: {run_dir} already finished: {done} of run.steps={steps} steps (checkpoint {checkpoint.name}); "
+            f"to train further: poise train --resume {run_dir} run.steps={done + steps}")
 
 
 def final_line(rows: list[dict], run_dir: str) -> str:
