@@ -103,6 +103,9 @@ def check_before_work(cfg: TrainConfig) -> None:
 
 def run_training(cfg: TrainConfig, resume: bool = False) -> list[dict]:
     """Train by `cfg.pipeline.mode` (colocated, or disaggregated over Ray); the metrics rows."""
+    from poise.rundir import absolute_paths
+
+    cfg = absolute_paths(cfg)  # RUN_DIR/config.yaml then resumes from any working directory
     if cfg.pipeline.mode == "colocated":
         from poise.train.colocated import train_colocated
 

@@ -349,6 +349,39 @@ class AlgorithmConfig:
             object.__setattr__(self, name, value)
 
 
+def config_notes(cfg: TrainConfig) -> list[str]:
+    """One line each for a setting that is valid but does less than its name says (printed before
+    any work): a full shard over one train device holds the whole model there."""
+    notes = []
+    split, resizes = cfg.cluster.split, bool(cfg.resize.schedule) or cfg.resize.policy != "static"
+    train = split[1] if split else (1 if cfg.cluster.devices == 2 else 0)  # 0: the allocator decides
+    if cfg.cluster.shard == "full" and cfg.pipeline.mode != "colocated" and train == 1 and not resizes:
+        notes.append(f"poise: note: cluster.shard=full with one train device (split {list(split) or [1, 1]}) "
+                     "shards nothing: that device holds the whole model; give train 2+ devices, or set "
+                     "cluster.shard=none")
+    return notes
+
+
+def _installed(package: str) -> bool:
+    """Whether this Python can import `package` (a finder that refuses it counts as missing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ImportError:
+        return False
+
+
+def preset_filled_knobs(algo: AlgorithmConfig) -> frozenset[str]:
+    """The loss knobs of `algo` that hold what its `loss` preset gives them (set or not): a written-out
+    template leaves these null, so changing `loss` in it applies the new preset instead of pinning
+    this one's values under the new name. `scale_rewards` is not among them: its false only spells
+    advantage dr_grpo, which `advantage` carries."""
+    knobs = ("clip_eps_low", "clip_eps_high", "ratio_level", "loss_agg", "advantage")
+    base = dataclasses.replace(algo, scale_rewards=True, **{k: None for k in knobs})
+    return frozenset(k for k in knobs if getattr(base, k) == getattr(algo, k))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     backend: Literal["poise", "vllm"] = help_field(
@@ -665,6 +698,7 @@ class TrainConfig:
         check(not self.pipeline.assist or self.cluster.shard == "none", "pipeline.assist", True,
               f"is not built with cluster.shard={self.cluster.shard} (a helping rollout device owns no optimizer "
               "state); drop one of them")
+        self._check_lora()
         self._check_full_shard()
         check(not self.pipeline.assist or self.pipeline.mode == "sync", "pipeline.assist", True,
               f"needs pipeline.mode=sync (with {self.pipeline.mode}, no rollout device is idle while the trainer "
@@ -673,10 +707,6 @@ class TrainConfig:
               True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
         self._check_eval()
         self._check_env()
-        lora = self.model.lora
-        check(lora is None or lora.dropout == 0 or self.determinism == "semantic", "model.lora.dropout",
-              lora and lora.dropout, "draws from torch's global generator, not from the sample id: bitwise needs 0 "
-              "(or set determinism: semantic)")
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
@@ -706,23 +736,41 @@ class TrainConfig:
         check(a.old_logprobs == "rollout" or a.updates_per_step == 1, "cluster.shard", "full",
               "with algorithm.old_logprobs=recompute and updates_per_step > 1 is not built (the step-start "
               "weights would be a whole copy); set updates_per_step=1 or cluster.shard=optimizer")
-        check(self.model.lora is None, "cluster.shard", "full", "with model.lora is not built (the adapter is "
-              "small: use cluster.shard=optimizer or none)")
+        check(self.pipeline.mode != "colocated", "cluster.shard", "full", "with pipeline.mode=colocated has one "
+              "device and nothing to shard over; set cluster.shard=none")
 
     def _check_backend(self) -> None:
-        """What the vLLM backend cannot do (rollout/vllm_engine.py)."""
+        """What the vLLM backend needs (rollout/vllm_engine.py), every unmet need in one line; a
+        missing vLLM alone is check_vllm's (before Ray), which also checks the model."""
         if self.rollout.backend != "vllm":
             return
-        check(self.determinism == "semantic", "rollout.backend", "vllm",
-              "is not batch-invariant (its batch-invariant kernels are Triton, GPU only), so determinism=bitwise "
-              "cannot hold; set determinism=semantic, or rollout.backend=poise for bit-exact runs")
-        check(self.cluster.compute == "real", "rollout.backend", "vllm",
-              "has nothing to run with cluster.compute=emulated (no model); set rollout.backend=poise")
-        check(self.model.lora is None, "rollout.backend", "vllm",
-              "does not take Poise's LoRA adapters yet; drop model.lora or set rollout.backend=poise")
-        check(not self.rollout.stop_strings, "rollout.stop_strings", list(self.rollout.stop_strings),
-              "are not passed to vLLM (it runs without a tokenizer here); end responses with EOS, or set "
-              "rollout.backend=poise")
+        needs = [need for unmet, need in (
+            (self.determinism != "semantic", "determinism=semantic (vLLM is not batch-invariant: its batch-invariant "
+                                             "kernels are Triton, GPU only)"),
+            (self.cluster.compute != "real", "cluster.compute=real (emulated devices hold no model)"),
+            (self.model.lora is not None, "no model.lora (vLLM does not take Poise's LoRA adapters yet)"),
+            (bool(self.rollout.stop_strings), "no rollout.stop_strings (they are not passed to vLLM; end responses "
+                                              "with EOS)")) if unmet]
+        if needs and not _installed("vllm"):
+            needs.append("vLLM installed (make vllm; train from .venv-vllm/bin/poise)")
+        check(not needs, "rollout.backend", "vllm",
+              f"needs {'; '.join(needs)}; or set rollout.backend=poise for bit-exact runs")
+
+    def _check_lora(self) -> None:
+        """What model.lora needs, every unmet need in one line; a missing peft alone is
+        check_before_work's."""
+        lora = self.model.lora
+        if lora is None:
+            return
+        needs = [need for unmet, need in (
+            (lora.dropout != 0 and self.determinism == "bitwise",
+             f"model.lora.dropout 0 (got {lora.dropout}: it draws from torch's global generator, not from the "
+             "sample id: bitwise needs 0, or set determinism: semantic)"),
+            (self.cluster.shard == "full", "cluster.shard=optimizer or none (cluster.shard=full with model.lora is "
+                                           "not built; the adapter is small)")) if unmet]
+        if needs and not _installed("peft"):
+            needs.append("the peft package (pip install 'poise[lora]')")
+        check(not needs, "model.lora", f"r={lora.r}", f"needs {'; '.join(needs)}")
 
     def _check_resize(self) -> None:
         """A schedule or a controller needs a disaggregated pipeline and splits of this job."""

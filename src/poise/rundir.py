@@ -5,6 +5,7 @@ Shared by the colocated loop and the Ray driver; torch-free.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,6 +25,31 @@ def prepare_run_dir(cfg: TrainConfig, resume: bool) -> Path:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with each relative file path made absolute, so RUN_DIR/config.yaml resumes from any
+    directory. A dataset or tokenizer value that names no file here is a `datasets` name (or
+    `char`/`model`) and stays; model.path always is a path (sft_if_missing may make it)."""
+    def file(value: str | None) -> str | None:
+        return str(Path(value).absolute()) if value and Path(value).exists() else value
+
+    def code(spec: str) -> str:  # 'path/to/file.py:name'; 'module:name' and built-ins stay
+        where, sep, name = spec.rpartition(":")
+        return f"{file(where)}{sep}{name}" if where.endswith(".py") else spec
+
+    model, data = cfg.model, cfg.data
+    functions = tuple(code(f) if isinstance(f, str) else dataclasses.replace(f, fn=code(f.fn))
+                      for f in cfg.reward.functions)
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(model, path=str(Path(model.path).absolute()) if model.path else None),
+        data=dataclasses.replace(data, dataset=file(data.dataset), tokenizer=file(data.tokenizer)),
+        eval=dataclasses.replace(cfg.eval, dataset=file(cfg.eval.dataset)),
+        reward=dataclasses.replace(cfg.reward, functions=functions),
+        env=dataclasses.replace(cfg.env, name=code(cfg.env.name) if cfg.env.name else None),
+        cluster=dataclasses.replace(cfg.cluster, profile=file(cfg.cluster.profile)),
+        emulation=dataclasses.replace(cfg.emulation, scenario=file(cfg.emulation.scenario)))
 
 
 def truncate_logs(run_dir: Path, steps_done: int) -> None:

@@ -16,7 +16,9 @@ def test_config_prints_the_resolved_config_that_loads_back(tmp_path):
     saved.write_text(out.stdout)
     assert load_train_config(saved) == load_train_config(None, ["algorithm.loss=dapo", "run.steps=7"])
     data = yaml.safe_load(out.stdout)
-    assert data["algorithm"]["clip_eps_high"] == 0.28  # the preset, resolved
+    assert data["algorithm"]["clip_eps_high"] is None  # the preset fills it: written null, value in the comment
+    assert "now: 0.28, from loss dapo" in out.stdout
+    assert load_train_config(saved).algorithm.clip_eps_high == 0.28
     assert data["run"]["steps"] == 7
 
 
@@ -67,3 +69,32 @@ def test_every_shipped_config_prints_and_loads_back_equal(tmp_path, name):
     cfg = load_train_config(Path(__file__).parents[2] / "configs" / name)
     (tmp_path / "printed.yaml").write_text(render(cfg))
     assert load_train_config(tmp_path / "printed.yaml") == cfg
+
+
+@pytest.mark.parametrize("loss", ["gspo", "dapo", "dr_grpo"])
+def test_written_template_follows_a_changed_loss_in_the_file_and_on_the_command_line(tmp_path, loss):
+    """`poise config > mine.yaml`, then another loss: in the file or as an override, the new loss's
+    preset applies, as it does with no template at all (the template must not pin grpo's knobs)."""
+    out = poise("config")
+    assert out.returncode == 0, out.stderr
+    template = yaml.safe_load(out.stdout)
+    want = load_train_config(None, [f"algorithm.loss={loss}"]).algorithm
+    edited = tmp_path / "mine.yaml"
+    template["algorithm"]["loss"] = loss
+    edited.write_text(yaml.safe_dump(template))
+    in_file = load_train_config(edited).algorithm
+    saved = tmp_path / "template.yaml"
+    saved.write_text(out.stdout)
+    on_command_line = load_train_config(saved, [f"algorithm.loss={loss}"]).algorithm
+    for got in (in_file, on_command_line):
+        assert (got.ratio_level, got.loss_agg, got.clip_eps_low, got.clip_eps_high, got.advantage) == (
+            want.ratio_level, want.loss_agg, want.clip_eps_low, want.clip_eps_high, want.advantage)
+    assert want != load_train_config(saved).algorithm  # the presets differ, so the comparison can fail
+
+
+def test_template_keeps_a_knob_set_explicitly(tmp_path):
+    out = poise("config", "algorithm.clip_eps_high=0.3")
+    assert out.returncode == 0, out.stderr
+    saved = tmp_path / "t.yaml"
+    saved.write_text(out.stdout)
+    assert load_train_config(saved, ["algorithm.loss=dapo"]).algorithm.clip_eps_high == 0.3

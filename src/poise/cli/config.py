@@ -1,7 +1,9 @@
 """`poise config [CONFIG] [key=value ...] [--section NAME]`: the resolved config, every key with its help.
 
 Prints YAML (a valid config file: `poise config > mine.yaml` starts one), each key under a comment
-holding its help text and its default. Defaults and presets are resolved as `poise train` would.
+holding its help text and its default. Defaults are resolved as `poise train` would; the loss knobs
+that `algorithm.loss`'s preset fills are written null (their value in the comment), so a template
+whose `loss` is changed trains the new preset.
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def render(cfg: Any, section: str | None = None) -> str:
 
 
 def _section(obj: Any, indent: str, lines: list[str]) -> None:
+    from poise.config import AlgorithmConfig, preset_filled_knobs
+
+    # A knob the loss preset fills is written null (its value in the comment): a template whose
+    # `loss` is changed then trains the new preset, not this one's knobs under the new name.
+    from_preset = preset_filled_knobs(obj) if isinstance(obj, AlgorithmConfig) else frozenset()
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         help_text = f.metadata.get("help", "")
@@ -66,6 +73,11 @@ def _section(obj: Any, indent: str, lines: list[str]) -> None:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         comment = f"{help_text} [default: {_scalar(default)}]" if help_text else f"[default: {_scalar(default)}]"
+        if f.name in from_preset:
+            comment += f" [now: {_scalar(value)}, from loss {obj.loss}]"
+            value = None
+        elif isinstance(obj, AlgorithmConfig) and f.name == "scale_rewards":
+            value = True  # false only spells advantage dr_grpo, which `advantage` carries (or its preset fills)
         for line in textwrap.wrap(comment, WIDTH - len(indent) - 2, break_on_hyphens=False):
             lines.append(f"{indent}# {line}")
         lines.append(f"{indent}{f.name}: {_scalar(value)}")

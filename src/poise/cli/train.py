@@ -31,7 +31,7 @@ def config_and_overrides(config: str | None, overrides: list[str]) -> tuple[str 
 
 def run(args: argparse.Namespace) -> int:
     from poise.api import check_before_work, run_training
-    from poise.config import load_train_config
+    from poise.config import config_notes, load_train_config
 
     config_path, overrides = config_and_overrides(args.config, args.overrides)
     if args.resume:
@@ -43,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         config_path = saved
         overrides.append(f"run.dir={args.resume}")
     cfg = load_train_config(config_path, overrides)
+    done = finished_line(Path(args.resume), cfg.run.steps) if args.resume else None
+    if done:  # nothing to train: say so before the checks, the run directory's locks and Ray
+        print(done, file=sys.stderr)
+        return 0
+    for note in config_notes(cfg):
+        print(note, file=sys.stderr)
     check_before_work(cfg)  # optional packages, device, prompts, reward functions: before the run directory
 
     interrupt.install(Path(cfg.run.dir))  # Ctrl-C / SIGTERM: see poise.interrupt
@@ -57,9 +63,31 @@ def run(args: argparse.Namespace) -> int:
 
         rows = sorted(read_jsonl(Path(cfg.run.dir) / "metrics.jsonl"), key=lambda r: r["step"])
     if rows:
-        first = rows[: min(5, len(rows))]
-        last = rows[-min(5, len(rows)):]
-        mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
-        print(f"poise: {len(rows)} steps in {cfg.run.dir}; reward {mean(first):.3f} (first 5) -> "
-              f"{mean(last):.3f} (last 5)", file=sys.stderr)
+        print(final_line(rows, cfg.run.dir), file=sys.stderr)
     return 0
+
+
+def finished_line(run_dir: Path, steps: int) -> str | None:
+    """What `--resume` of a run whose newest checkpoint already holds `steps` steps says; None
+    while steps remain (or no checkpoint verifies: the resume itself says so)."""
+    from poise.train.checkpoint import newest_intact_checkpoint
+
+    checkpoint, _ = newest_intact_checkpoint(run_dir)
+    done = int(checkpoint.name.removeprefix("step_")) if checkpoint is not None else 0
+    if checkpoint is None or done < steps:
+        return None
+    return (f"poise: {run_dir} already finished: {done} of run.steps={steps} steps (checkpoint {checkpoint.name}); "
+            f"to train further: poise train --resume {run_dir} run.steps={done + steps}")
+
+
+def final_line(rows: list[dict], run_dir: str) -> str:
+    """The run's last line: its reward at the start and the end, over 5 steps each where the run
+    has 10 (fewer would make the two means share steps), else its first and last step."""
+    n = len(rows)
+    mean = lambda rs: sum(r["reward_mean"] for r in rs) / len(rs)  # noqa: E731
+    head = f"poise: {n} step{'s' if n != 1 else ''} in {run_dir}; reward"
+    if n == 1:
+        return f"{head} {mean(rows):.3f}"
+    if n < 10:
+        return f"{head} {mean(rows[:1]):.3f} (first step) -> {mean(rows[-1:]):.3f} (last step)"
+    return f"{head} {mean(rows[:5]):.3f} (first 5) -> {mean(rows[-5:]):.3f} (last 5)"

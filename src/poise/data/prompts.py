@@ -74,19 +74,24 @@ class TaskSteps:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return encode_prompt(self.tokenizer, problem, self.data.chat_template, self.data.system_prompt)
 
-    def check_fit(self, context: int, max_new_tokens: int) -> None:
-        """Every dataset row's prompt plus a full response fits in the engine's context: fail on the
-        first that does not, naming its file:line (or row), before any work."""
-        if not isinstance(self.source, DatasetSource):
-            return  # the built-in tasks' prompts are a few dozen characters
+    def check_fit(self, context: int, max_new_tokens: int, limit: int | None = None) -> None:
+        """Every prompt plus a full response fits in the engine's context (`limit`: the model's
+        positions, for the hint): fail on the first dataset row that does not, naming its file:line
+        (or row), or on the built-in tasks' longest prompt, before any work."""
         room = context - max_new_tokens
+        if not isinstance(self.source, DatasetSource):
+            n = self.longest_prompt()
+            if n > room:
+                raise DataError(f"the built-in tasks' longest prompt of {n} tokens + algorithm.sampling."
+                                f"max_new_tokens ({max_new_tokens}) exceeds the context of {context} tokens; "
+                                f"{fit_hint(context, limit)}")
+            return
         for problem in self.source.problems:
             n = len(self.prompt_ids(problem))
             if n > room:
                 raise DataError(f"{problem.origin or problem.uid}: prompt of {n} tokens + "
                                 f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of "
-                                f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
-                                "rollout.max_context")
+                                f"{context} tokens; {fit_hint(context, limit)}")
 
     def longest_prompt(self) -> int:
         """Tokens of the longest prompt the run can draw: every dataset row, or every built-in
@@ -142,14 +147,37 @@ def fitted_context(model: ModelConfig, max_context: int, longest_prompt: int, ma
     return need if limit is None else min(need, limit)
 
 
+def fit_hint(context: int, limit: int | None) -> str:
+    """The fix of a prompt that does not fit in `context`: raising rollout.max_context only helps
+    below the model's `limit` positions (past it the engine refuses to start)."""
+    if limit is None:
+        return "shorten the prompt, lower max_new_tokens or raise rollout.max_context"
+    if context < limit:
+        return (f"shorten the prompt, lower max_new_tokens or raise rollout.max_context (at most {limit}, the "
+                "model's positions)")
+    return f"shorten the prompt or lower max_new_tokens (the model holds {limit} positions)"
+
+
+def check_context(model: ModelConfig, max_context: int) -> int | None:
+    """rollout.max_context within the model's positions (the engine refuses more after Ray has
+    started); the model's positions, None where not known yet."""
+    limit = engine_context(model, 0)
+    if max_context and limit is not None and max_context > limit:
+        raise PoiseError(f"rollout.max_context {max_context} exceeds the model's {limit} positions "
+                         f"(max_position_embeddings); set it at most {limit}, or 0 for what the run needs")
+    return limit
+
+
 def check_prompts(data: DataConfig, model: ModelConfig, seed: int, max_context: int, max_new_tokens: int) -> None:
     """The input errors of a run, before any work: the tokenizer loads, every dataset row is well
-    formed, and each row's prompt plus max_new_tokens fits in the engine's context."""
+    formed, rollout.max_context is within the model's positions, and each prompt plus
+    max_new_tokens fits in the engine's context."""
     steps = TaskSteps(data, model, seed, prompts_per_step=1)
     check_vocab(data, model, steps.tokenizer)
+    limit = check_context(model, max_context)
     context = engine_context(model, max_context)
     if context is not None:
-        steps.check_fit(context, max_new_tokens)
+        steps.check_fit(context, max_new_tokens, limit)
 
 
 def check_vocab(data: DataConfig, model: ModelConfig, tokenizer: Tokenizer) -> None:

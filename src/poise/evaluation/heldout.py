@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from poise.config import DataConfig, EvalConfig, ModelConfig, SamplingConfig
-from poise.data.prompts import TaskSteps, engine_context, fitted_context
+from poise.data.prompts import TaskSteps, engine_context, fit_hint, fitted_context
 from poise.data.tasks import Problem, TaskSource, derive_seed, make_problem
 from poise.errors import ConfigError, DataError, PoiseError
 from poise.rewards.scorer import RewardResult, RewardScorer, reward_metrics
@@ -84,8 +84,7 @@ class HeldOut:
             if len(ids) + max_new_tokens > context:
                 raise DataError(f"eval.dataset {p.origin or p.uid}: prompt of {len(ids)} tokens + "
                                 f"algorithm.sampling.max_new_tokens ({max_new_tokens}) exceeds the context of "
-                                f"{context} tokens; shorten the prompt, lower max_new_tokens or raise "
-                                "rollout.max_context")
+                                f"{context} tokens; {fit_hint(context, engine_context(model, 0))}")
 
     def due(self, step: int, steps: int) -> bool:
         """Evaluate after step `step` (0-based) of a run of `steps`: every eval.every and after the last."""

@@ -187,8 +187,16 @@ def pipeline_overrides(kind: str) -> list[str]:
     return [f"pipeline.mode={p.mode}", f"pipeline.streaming={str(p.streaming).lower()}"]
 
 
+# Top-level sections only a training config has: a file with one is `poise train`'s, not a scenario.
+TRAINING_SECTIONS = ("run", "model", "data", "algorithm", "rollout", "reward", "eval", "env")
+
+
 def load_scenario(name_or_path: str, overrides: list[str] | None = None) -> ScenarioConfig:
     data = scenario_data(name_or_path)
+    training = [k for k in TRAINING_SECTIONS if k in data]
+    if training:
+        raise PoiseError(f"{name_or_path} is a training config (it has '{training[0]}:'), for poise train; this "
+                         "command takes a scenario: a built-in name (poise simulate --list) or a scenario YAML")
     apply_overrides(data, list(overrides or []))
     return build(ScenarioConfig, data)
 
