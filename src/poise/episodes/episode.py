@@ -35,7 +35,6 @@ class Episode:
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)  # each model turn's text, as the environment saw it
-    turn_ends: list[int] = field(default_factory=list)  # len(tokens) after each model turn
     env_reward: float = 0.0
     end: str | None = None  # one of ENDS once over
     failure: str | None = None  # why an environment call failed (end 'env_failure')
@@ -76,7 +75,6 @@ class Episode:
         self.mask += [1] * len(sample.token_ids)
         self.logprobs += sample.logprobs
         self.actions.append(text)
-        self.turn_ends.append(len(self.tokens))
         self.finish_time, self.finish_reason = sample.finish_time, sample.finish_reason
         self.max_new_tokens = max(self.max_new_tokens, sample.max_new_tokens)
         if len(self.tokens) >= self.budget:

@@ -168,11 +168,6 @@ class EpisodeRunner:
         """Episodes not yet handed out as finished."""
         return len(self.episodes)
 
-    @property
-    def waiting(self) -> bool:
-        """Whether environment calls are in flight."""
-        return bool(self._pending)
-
     # ---- the environment -----------------------------------------------------------------------
     def _call(self, ids: list[SampleId]) -> None:
         if not ids:
