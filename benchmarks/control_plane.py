@@ -87,8 +87,8 @@ from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.runtime.cluster import start_local  # before ray: it puts Ray in loopback-only mode
 from poise.runtime.driver import train_disaggregated
-from poise.train.checkpoint import latest_checkpoint
-from poise.train.colocated import train_colocated
+from poise.training.checkpoint import latest_checkpoint
+from poise.training.colocated import train_colocated
 
 CONTENDERS = {
     "colocated": ["pipeline.mode=colocated", "cluster.devices=2", "cluster.threads_per_device=2"],

@@ -26,7 +26,7 @@ from results import write_results  # noqa: E402
 from poise.config import AlgorithmConfig, EngineConfig, SamplingConfig  # noqa: E402
 from poise.data.prompts import fitted_context  # noqa: E402
 from poise.rollout.engine import Engine  # noqa: E402
-from poise.train.trainer import PolicyTrainer  # noqa: E402
+from poise.training.trainer import PolicyTrainer  # noqa: E402
 from poise.types import Request, Sample  # noqa: E402
 
 

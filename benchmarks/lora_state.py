@@ -52,8 +52,8 @@ def _bytes(tensors) -> int:
 
 def measure(model, lora) -> dict:
     from poise.config import AlgorithmConfig
-    from poise.train.lora import attach_adapter, trained_parameters
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.lora import attach_adapter, trained_parameters
+    from poise.training.trainer import PolicyTrainer
 
     if lora is not None:
         attach_adapter(model, lora, seed=0)

@@ -25,7 +25,7 @@ import torch
 from results import write_results  # benchmarks/results.py
 from peer_trl import CONTENDERS, POISE  # the workload's overrides
 from poise.config import load_train_config
-from poise.train.colocated import ColocatedLoop
+from poise.training.colocated import ColocatedLoop
 
 
 def main() -> None:

@@ -147,7 +147,7 @@ def poise_worker(name: str, spec_path: str) -> None:
     run_dir = Path(spec["out"])
     cfg = load_train_config(None, [*POISE, *CONTENDERS[name], f"run.dir={run_dir}", f"run.steps={spec['steps']}"])
     if cfg.pipeline.mode == "colocated":
-        from poise.train.colocated import train_colocated as train
+        from poise.training.colocated import train_colocated as train
     else:
         from poise.runtime.driver import train_disaggregated as train
     rows = train(cfg)

@@ -42,8 +42,8 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
     from poise.config import AlgorithmConfig
     from poise.policy.plan import contiguous_ranges
     from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
-    from poise.train.reduce import index_nodes
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.reduce import index_nodes
+    from poise.training.trainer import PolicyTrainer
     from poise.types import Sample
 
     torch.set_num_threads(1)

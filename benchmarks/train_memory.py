@@ -66,8 +66,8 @@ def memory_cell(shape: str, mode: str, micro: int, samples: int, tokens: int) ->
     import torch
 
     from poise.config import AlgorithmConfig
-    from poise.train.reduce import TreeAccumulator, combine
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.reduce import TreeAccumulator, combine
+    from poise.training.trainer import PolicyTrainer
     from poise.types import Sample
 
     torch.set_num_threads(1)
@@ -112,7 +112,7 @@ def traffic_rank(rank: int, world: int, port: int, numel: int, micro: int, queue
 
     from poise.policy.plan import contiguous_ranges
     from poise.runtime.train_shard import exchange_and_combine
-    from poise.train.reduce import TreeAccumulator, index_nodes, tree_sum
+    from poise.training.reduce import TreeAccumulator, index_nodes, tree_sum
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)

@@ -55,7 +55,7 @@ class WarmStart:
 def warm_start(tmp_path_factory) -> WarmStart:
     """A short supervised warm start of the tiny model, made once per test session."""
     from poise.config import load_train_config
-    from poise.train.sft import run_sft
+    from poise.training.sft import run_sft
 
     cfg = load_train_config(None, WARM_START)
     path = tmp_path_factory.mktemp("warm-start") / "tiny-qwen2-sft"

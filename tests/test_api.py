@@ -32,12 +32,14 @@ def test_load_config_errors_name_the_key_and_the_poise_name():
         poise.load_config(algorithm={"loss": "ppo"})
 
 
-def test_poise_train_stays_callable_once_the_training_package_is_imported():
-    """`poise.train` is the training package (importing any of its modules binds it on `poise`),
-    made callable; import poise imports neither torch nor the config."""
-    code = ("import sys, poise; assert callable(poise.train); assert 'torch' not in sys.modules; "
-            "assert 'poise.config' not in sys.modules; import poise.train.colocated; "
-            "from poise.train.trainer import PolicyTrainer; assert callable(poise.train); "
+def test_poise_train_is_a_plain_function_once_the_training_package_is_imported():
+    """`poise.train` is a function (help() documents it), not a package that a submodule import
+    could rebind; import poise imports neither torch nor the config."""
+    code = ("import sys, inspect, poise; assert inspect.isfunction(poise.train); "
+            "assert 'torch' not in sys.modules; "
+            "assert 'poise.config' not in sys.modules; import poise.training.colocated; "
+            "from poise.training.trainer import PolicyTrainer; assert inspect.isfunction(poise.train); "
+            "assert 'RunResult' in poise.train.__doc__; "
             "assert sorted(poise.__all__) == ['RunResult', 'load_config', 'simulate', 'train']")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

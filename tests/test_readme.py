@@ -100,7 +100,7 @@ def test_the_environment_snippet_trains_episodes(tmp_path, monkeypatch):
     the tiny model: every episode reset and stepped in the sandbox, none failing, reward/env reported."""
     import json
 
-    from poise.train.colocated import train_colocated
+    from poise.training.colocated import train_colocated
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_env.py").write_text(_one("python", "# my_env.py"))

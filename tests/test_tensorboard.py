@@ -34,7 +34,7 @@ def test_colocated_run_writes_a_scalar_per_metric_and_step(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from poise.config import load_train_config
-    from poise.train.colocated import train_colocated
+    from poise.training.colocated import train_colocated
 
     run = tmp_path / "run"
     train_colocated(load_train_config(None, [*TINY, f"run.dir={run}", "run.tensorboard=true"]))

@@ -45,7 +45,7 @@ def wandb_records(path: Path):
 
 def test_offline_run_holds_the_tensorboard_scalars(tmp_path, monkeypatch):
     from poise.config import load_train_config
-    from poise.train.colocated import train_colocated
+    from poise.training.colocated import train_colocated
 
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing answers there: offline must not ask
     run = tmp_path / "run"

@@ -7,11 +7,31 @@ The Python API (poise/api.py): `poise.train(config, **overrides) -> RunResult`,
 on first use, so `import poise` (and every `poise` command) stays as light as it was.
 """
 
-from poise import train  # the training package, callable as the API's train (see poise/train/__init__.py)
-
 __version__ = "0.1.0"
 _API = ("RunResult", "load_config", "simulate")
 __all__ = ["RunResult", "load_config", "simulate", "train"]
+
+
+def train(config=None, **overrides):
+    """Run RL post-training as `poise train` does and return a `RunResult` (poise/api.py `train`).
+
+    `config` is a YAML path, a mapping or `poise.load_config(...)`; each keyword overrides one
+    config section with a mapping of its keys: `poise.train("mine.yaml", run={"steps": 5})`.
+    """
+    from poise.api import train as run
+
+    return run(config, **overrides)
+
+
+def train(config=None, **overrides):
+    """Run RL post-training as `poise train` does and return a `RunResult` (poise/api.py `train`).
+
+    `config` is a YAML path, a mapping or `poise.load_config(...)`; each keyword overrides one
+    config section with a mapping of its keys: `poise.train("mine.yaml", run={"steps": 5})`.
+    """
+    from poise.api import train as run
+
+    return run(config, **overrides)
 
 
 def __getattr__(name: str):

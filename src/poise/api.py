@@ -81,7 +81,7 @@ def check_before_work(cfg: TrainConfig) -> None:
     if cfg.model.lora is not None and importlib.util.find_spec("peft") is None:
         raise PoiseError("model.lora needs the peft package; pip install 'poise[lora]', or drop model.lora")
     if cfg.cluster.compute == "real":
-        from poise.train.setup import check_device
+        from poise.training.setup import check_device
 
         check_device(cfg.cluster, cfg.pipeline.mode == "colocated")  # a GPU (and NCCL), before Ray starts
     if cfg.cluster.compute == "real" or cfg.pipeline.mode == "colocated":  # emulated prompts are a scenario's
@@ -107,7 +107,7 @@ def run_training(cfg: TrainConfig, resume: bool = False) -> list[dict]:
 
     cfg = absolute_paths(cfg)  # RUN_DIR/config.yaml then resumes from any working directory
     if cfg.pipeline.mode == "colocated":
-        from poise.train.colocated import train_colocated
+        from poise.training.colocated import train_colocated
 
         return train_colocated(cfg, resume=resume)
     from poise.runtime.driver import train_disaggregated

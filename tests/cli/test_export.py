@@ -8,7 +8,7 @@ import torch
 
 from poise.cli import main
 from poise.config import load_train_config
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 RUN = [
     "pipeline.mode=colocated",
@@ -32,9 +32,9 @@ def run_dir(tmp_path_factory, warm_start):
 def _trained_model(run_dir, step):
     """The trainer's model at checkpoint `step`, restored the way --resume restores it."""
     from poise.data.tokenizer import load_tokenizer
-    from poise.train.checkpoint import checkpoint_dir, load_checkpoint
-    from poise.train.setup import make_model
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.checkpoint import checkpoint_dir, load_checkpoint
+    from poise.training.setup import make_model
+    from poise.training.trainer import PolicyTrainer
 
     cfg = load_train_config(run_dir / "config.yaml")
     model = make_model(cfg, load_tokenizer(cfg.data.tokenizer, cfg.model.path), progress=False)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from poise.train.progress import LINE_EVERY_S
+from poise.training.progress import LINE_EVERY_S
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -133,7 +133,7 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes(tmp_path):
 
 
 def test_sigterm_checkpoints_and_exits_143(tmp_path):
-    from poise.train.checkpoint import verify_checkpoint
+    from poise.training.checkpoint import verify_checkpoint
 
     run_dir = tmp_path / "run"
     proc = _start(run_dir)

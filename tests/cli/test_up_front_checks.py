@@ -68,7 +68,7 @@ def test_cuda_device_without_nccl_is_refused(monkeypatch):
     between devices that hold whole GPUs, not by devices sharing one (gloo) or by one process."""
     import torch.distributed as dist
 
-    from poise.train.setup import check_device
+    from poise.training.setup import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)

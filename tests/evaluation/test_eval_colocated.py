@@ -13,7 +13,7 @@ import re
 import pytest
 
 from poise.config import load_train_config
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 STEPS = 3
 JOB = [

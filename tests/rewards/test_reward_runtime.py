@@ -12,7 +12,7 @@ import pytest
 
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 from user_rewards import FLAKY, ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
 
 pytestmark = pytest.mark.ray

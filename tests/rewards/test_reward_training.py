@@ -8,7 +8,7 @@ import json
 import pytest
 
 from poise.config import load_train_config
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 from user_rewards import BRIEF, ITEMS as USER_ITEMS  # tests/rewards/user_rewards.py
 
 ITEMS = USER_ITEMS  # tests/rewards/user_rewards.py

@@ -93,7 +93,7 @@ def test_the_context_is_the_runs_need_not_the_models_maximum():
 
 
 def test_the_colocated_loop_sizes_its_engine_by_the_prompts(tmp_path):
-    from poise.train.colocated import ColocatedLoop
+    from poise.training.colocated import ColocatedLoop
 
     cfg = load_train_config(None, ["pipeline.mode=colocated", "run.progress=false", f"run.dir={tmp_path}",
                                    "algorithm.sampling.max_new_tokens=12", "model.tiny.max_positions=1024"])

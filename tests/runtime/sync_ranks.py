@@ -20,7 +20,7 @@ from poise.model.loading import build_tiny
 from poise.rollout.engine import Engine
 from poise.runtime import train_shard
 from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, OptimizerStaging, weights_digest
-from poise.train.trainer import PolicyTrainer
+from poise.training.trainer import PolicyTrainer
 
 BUCKET_FLOATS = 1000  # several buckets for the tiny model below
 

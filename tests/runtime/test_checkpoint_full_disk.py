@@ -12,7 +12,7 @@ import pytest
 from poise.config import load_train_config
 from poise.errors import PoiseError
 from poise.runtime.driver import train_disaggregated
-from poise.train.checkpoint import CheckpointSaveError, latest_checkpoint
+from poise.training.checkpoint import CheckpointSaveError, latest_checkpoint
 
 from fault_runs import config
 
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, warm_start):
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("cannot mount a tmpfs here (not root); tests/train/test_checkpoint_verified.py injects ENOSPC")
+        pytest.skip("cannot mount a tmpfs here (not root); tests/training/test_checkpoint_verified.py injects ENOSPC")
     sizing = tmp_path / "sizing"
     train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
     used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
@@ -30,7 +30,7 @@ def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, war
     disk.mkdir()
     size = used + one // 2 + (256 << 10)  # the run's files and one checkpoint fit; a second does not
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("mount refused a tmpfs here; tests/train/test_checkpoint_verified.py injects ENOSPC")
+        pytest.skip("mount refused a tmpfs here; tests/training/test_checkpoint_verified.py injects ENOSPC")
     try:
         run_dir = disk / "run"
         with pytest.raises(PoiseError) as err:
@@ -51,7 +51,7 @@ def test_a_smaller_keep_checkpoints_on_resume_frees_the_full_disk(ray_session, t
     run.keep_checkpoints=1 the run deletes step 1 before its save needs the room (never step 2, which
     it resumed from) and finishes, keeping step 3 alone."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("cannot mount a tmpfs here (not root); tests/train/test_checkpoint_verified.py injects ENOSPC")
+        pytest.skip("cannot mount a tmpfs here (not root); tests/training/test_checkpoint_verified.py injects ENOSPC")
     sizing = tmp_path / "sizing"
     train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
     used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
@@ -60,7 +60,7 @@ def test_a_smaller_keep_checkpoints_on_resume_frees_the_full_disk(ray_session, t
     disk.mkdir()
     size = used + one + one // 2 + (256 << 10)  # the run's files and two checkpoints fit; a third does not
     if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)]).returncode != 0:
-        pytest.skip("mount refused a tmpfs here; tests/train/test_checkpoint_verified.py injects ENOSPC")
+        pytest.skip("mount refused a tmpfs here; tests/training/test_checkpoint_verified.py injects ENOSPC")
     try:
         run_dir = disk / "run"
         with pytest.raises(CheckpointSaveError, match="disk full while saving step 3; step 2 is intact"):

@@ -15,7 +15,7 @@ import pytest
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.runtime.faults import KILL_ENV
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 from fault_runs import CrashAtStep, env
 from run_shapes import GROUP, PROMPTS, tiny_job
@@ -40,7 +40,7 @@ class EpisodeWarmStart:
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    from poise.train.sft import run_sft
+    from poise.training.sft import run_sft
 
     cfg = load_train_config(None, WARM)
     path = tmp_path_factory.mktemp("episode-warm") / "tiny-guess-sft"

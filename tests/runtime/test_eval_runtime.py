@@ -13,7 +13,7 @@ import pytest
 
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 pytestmark = pytest.mark.ray
 

@@ -18,7 +18,7 @@ import ray
 from poise.runtime.driver import train_disaggregated
 from poise.errors import PoiseError
 from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure, StepTimeout, WorkerLost, kill_hooks, wait
-from poise.train.checkpoint import latest_checkpoint, verify_checkpoint
+from poise.training.checkpoint import latest_checkpoint, verify_checkpoint
 
 from fault_runs import assert_logged_once, baseline, config, env, run_once
 
@@ -245,7 +245,7 @@ def test_an_unrecoverable_death_names_the_newest_checkpoint_that_verifies(tmp_pa
     from poise.config import TinyModelConfig
     from poise.model.loading import build_tiny
     from poise.runtime.faults import unrecoverable
-    from poise.train.checkpoint import TrainState, checkpoint_dir, save_checkpoint
+    from poise.training.checkpoint import TrainState, checkpoint_dir, save_checkpoint
 
     model = build_tiny(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                                        intermediate_size=32, max_positions=32), 40, seed=0)

@@ -10,7 +10,7 @@ import pytest
 
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 from run_shapes import GROUP, PROMPTS, tiny_job
 

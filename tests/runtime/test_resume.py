@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from poise.runtime.driver import train_disaggregated
-from poise.train.checkpoint import PENDING_SAMPLES
-from poise.train.colocated import train_colocated
+from poise.training.checkpoint import PENDING_SAMPLES
+from poise.training.colocated import train_colocated
 
 from fault_runs import CrashAtStep as _CrashAtStep, assert_logged_once, baseline, config
 

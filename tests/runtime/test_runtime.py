@@ -17,7 +17,7 @@ from poise.data.tasks import TaskSource
 from poise.errors import ConfigError, PoiseError
 from poise.policy.dispatch import DispatchPlan, RoundRobinDispatcher
 from poise.runtime.driver import train_disaggregated
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 from run_shapes import GROUP, PROMPTS, tiny_job
 

@@ -39,12 +39,12 @@ class _Device(FileEndpoint):
         self.optimizer.step()
 
     def save_checkpoint(self, run_dir, step, version, extra=None):
-        from poise.train.checkpoint import TrainState, save_checkpoint
+        from poise.training.checkpoint import TrainState, save_checkpoint
 
         return str(save_checkpoint(run_dir, self.model, self.optimizer, TrainState(step, version), extra))
 
     def load_checkpoint(self, path):
-        from poise.train.checkpoint import load_checkpoint
+        from poise.training.checkpoint import load_checkpoint
 
         state = load_checkpoint(Path(path), self.model, self.optimizer)
         return state.step, state.weights_version

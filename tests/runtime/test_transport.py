@@ -26,9 +26,9 @@ from poise.rollout.engine import Engine
 from poise.runtime import train_shard
 from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard, exchange_and_combine
 from poise.runtime.transport import Direct, HostStaged, transport_for
-from poise.train.reduce import TreeAccumulator, combine
-from poise.train.sharding import owner_runs
-from poise.train.trainer import PolicyTrainer
+from poise.training.reduce import TreeAccumulator, combine
+from poise.training.sharding import owner_runs
+from poise.training.trainer import PolicyTrainer
 from poise.types import Sample
 
 WORLD = 3

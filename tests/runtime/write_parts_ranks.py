@@ -19,8 +19,8 @@ import torch.distributed as dist
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
-from poise.train import checkpoint
-from poise.train.trainer import PolicyTrainer
+from poise.training import checkpoint
+from poise.training.trainer import PolicyTrainer
 
 TIMEOUT_S = 40  # the collectives' deadline (cluster.step_timeout_s): a rank left waiting fails only then
 

@@ -15,7 +15,7 @@ WARM_START = [*SESSION_WARM_START, "model.tiny.num_heads=2", "model.tiny.num_kv_
 @pytest.fixture(scope="session")
 def warm_start(tmp_path_factory):
     from poise.config import load_train_config
-    from poise.train.sft import run_sft
+    from poise.training.sft import run_sft
 
     cfg = load_train_config(None, WARM_START)
     path = tmp_path_factory.mktemp("warm-start-vllm") / "tiny-qwen2-sft"

@@ -86,7 +86,7 @@ def test_multi_turn_episodes_with_vllm_train(ray_session, tmp_path, read_run):
     """The built-in multi-turn task (env.name: guess) on vLLM, sync 1+1, 3 steps, from a warm start
     that plays it: episodes of several turns (observations masked), every episode once per step
     under its step's weights version, and every step trains on a non-zero gradient."""
-    from poise.train.sft import run_sft
+    from poise.training.sft import run_sft
     from types import SimpleNamespace
 
     guess = "[{mix: {guess: 1.0}}]"

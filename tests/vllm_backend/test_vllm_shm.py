@@ -30,7 +30,7 @@ def _config(run_dir, warm_start, *extra):
 
 
 def test_a_colocated_vllm_run_leaves_nothing_on_dev_shm(tmp_path, warm_start):
-    from poise.train.colocated import train_colocated
+    from poise.training.colocated import train_colocated
 
     before = _ours()
     train_colocated(_config(tmp_path / "run", warm_start, "pipeline.mode=colocated", "run.steps=2"))

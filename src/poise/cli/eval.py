@@ -28,7 +28,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _checkpoint(run_dir: Path, step: int | None) -> tuple[Path, int]:
-    from poise.train.checkpoint import checkpoint_dir, latest_checkpoint, verify_checkpoint
+    from poise.training.checkpoint import checkpoint_dir, latest_checkpoint, verify_checkpoint
 
     if step is None:
         source = latest_checkpoint(run_dir)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from poise.evaluation.engine import evaluate_model
     from poise.model.loading import load_model
     from poise.rewards.scorer import RewardScorer
-    from poise.train.setup import compute_dtype, pin_threads, run_device
+    from poise.training.setup import compute_dtype, pin_threads, run_device
 
     pin_threads(cfg.cluster.threads_per_device, cfg.determinism == "bitwise")
     device = run_device(cfg.cluster.device)
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
         heldout = HeldOut(cfg.eval, cfg.data, cfg.model, cfg.run.seed, rewards, problems)
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         if is_run and cfg.model.lora is not None:  # the checkpoint holds the adapter: the run's base plus it
-            from poise.train.checkpoint import load_weights
-            from poise.train.setup import make_policy
+            from poise.training.checkpoint import load_weights
+            from poise.training.setup import make_policy
 
             model = make_policy(cfg, heldout.steps.tokenizer, device, dtype, progress=False)
             load_weights(weights, model)

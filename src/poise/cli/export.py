@@ -29,7 +29,7 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from poise.config import load_train_config
-    from poise.train.checkpoint import checkpoint_dir, latest_checkpoint, verify_checkpoint
+    from poise.training.checkpoint import checkpoint_dir, latest_checkpoint, verify_checkpoint
 
     run_dir, out = Path(args.run_dir), Path(args.out)
     if not (run_dir / "config.yaml").is_file():
@@ -77,9 +77,9 @@ def _write_merged(cfg, tokenizer, source: Path, out: Path) -> None:
     import torch
 
     from poise.model.loading import save_hf_weights
-    from poise.train.checkpoint import load_weights
-    from poise.train.lora import merged_state
-    from poise.train.setup import make_policy
+    from poise.training.checkpoint import load_weights
+    from poise.training.lora import merged_state
+    from poise.training.setup import make_policy
 
     model = make_policy(cfg, tokenizer, "cpu", getattr(torch, cfg.model.dtype), progress=False)
     load_weights(source, model)

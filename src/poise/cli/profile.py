@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     profile = profile_model(model, cfg, name, progress=progress)
     if args.train:
-        from poise.train.profile import TrainProfileConfig, profile_train
+        from poise.training.profile import TrainProfileConfig, profile_train
 
         profile["train"] = profile_train(model, TrainProfileConfig(), model.config.vocab_size,
                                          progress=lambda what: progress(1, 1, what))

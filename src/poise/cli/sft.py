@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_model_dir(out)  # a file there would end in a raw FileExistsError after the whole warm start
 
-    from poise.train.sft import run_sft
+    from poise.training.sft import run_sft
 
     path = run_sft(cfg.model, cfg.data, Path(out),
                    progress=cfg.run.progress)

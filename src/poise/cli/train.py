@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def finished_line(run_dir: Path, steps: int) -> str | None:
     """What `--resume` of a run whose newest checkpoint already holds `steps` steps says; None
     while steps remain (or no checkpoint verifies: the resume itself says so)."""
-    from poise.train.checkpoint import newest_intact_checkpoint
+    from poise.training.checkpoint import newest_intact_checkpoint
 
     checkpoint, _ = newest_intact_checkpoint(run_dir)
     done = int(checkpoint.name.removeprefix("step_")) if checkpoint is not None else 0

@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import CacheShape, KVCache
 from poise.rollout.transfer import to_device
-from poise.train.lora import lora_parts
+from poise.training.lora import lora_parts
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE

@@ -54,9 +54,9 @@ from poise.runtime.storage import CheckpointStore
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.schema import dump, to_dict
-from poise.train.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
+from poise.training.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
                                     encode_samples, latest_checkpoint, prune_before_save, prune_checkpoints)
-from poise.train.progress import StepProgress
+from poise.training.progress import StepProgress
 from poise.types import Sample, SampleId, trained_tokens
 
 SCORE_WAIT_S = 0.02  # how long the driver waits for a just-arrived batch's rewards before taking the next batch
@@ -873,7 +873,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     else:
         _prepare_model(cfg)
         if cfg.model.dtype != "float32":  # one line where this CPU would emulate it
-            from poise.train.setup import compute_dtype
+            from poise.training.setup import compute_dtype
 
             compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
@@ -924,7 +924,7 @@ def _prepare_model(cfg: TrainConfig) -> None:
     if m.path is None:
         return
     if m.sft_if_missing and not Path(m.path, "config.json").is_file():
-        from poise.train.sft import run_sft
+        from poise.training.sft import run_sft
 
         run_sft(m, cfg.data, Path(m.path), progress=cfg.run.progress)
     load_model(m.path, device="meta")  # a missing or broken checkpoint fails here with one line, reading no weights

@@ -231,7 +231,7 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
     except WorkerLost as e:
         raise RunFailure(unrecoverable(rt, dead + e.devices, step, run_dir, "a survivor died while it was saved")
                          ) from None
-    from poise.train.checkpoint import verify_checkpoint  # torch: driver only
+    from poise.training.checkpoint import verify_checkpoint  # torch: driver only
 
     for d, path in paths.items():  # by content (sha256, finite weights) before every device loads it
         problem = verify_checkpoint(Path(path))
@@ -292,7 +292,7 @@ def _held_versions(rt, dead: list[int]) -> list[int | None]:
 def unrecoverable(rt, dead: list[int], step: int, run_dir: Path, why: str) -> str:
     """The one line of a death the run cannot recover from. The checkpoint it names was verified by
     content (as --resume will), never assumed intact because it is the newest directory."""
-    from poise.train.checkpoint import newest_intact_checkpoint
+    from poise.training.checkpoint import newest_intact_checkpoint
 
     names = ", ".join(f"device {d} ({role_of(rt, d)})" for d in dead)
     intact, skipped = newest_intact_checkpoint(run_dir)

@@ -27,8 +27,8 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from poise.train.reduce import TreeAccumulator, combine
-from poise.train.sharding import owner_runs
+from poise.training.reduce import TreeAccumulator, combine
+from poise.training.sharding import owner_runs
 from poise.types import Sample
 
 

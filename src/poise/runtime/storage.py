@@ -121,7 +121,7 @@ class CheckpointStore:
              what: str = "a checkpoint") -> Path:
         """Device `device` saves its weights, optimizer and RNG as checkpoint `step` of `run_dir`
         (a directory as the driver sees it); returns the checkpoint's path."""
-        from poise.train.checkpoint import begin_checkpoint, commit_checkpoint, verify_checkpoint  # torch: driver only
+        from poise.training.checkpoint import begin_checkpoint, commit_checkpoint, verify_checkpoint  # torch: driver only
 
         run_dir = Path(run_dir).resolve()
         args = (step, version, extra) if extra else (step, version)

@@ -23,14 +23,14 @@ import torch.distributed as dist
 
 from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
-from poise.train.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
+from poise.training.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
                                     safetensors_order, save_checkpoint)
-from poise.train.lora import trained_parameters
+from poise.training.lora import trained_parameters
 from poise.runtime.full_shard import ParameterShards
 from poise.runtime.transport import Direct, Transport
-from poise.train.reduce import TreeAccumulator, combine, index_nodes
-from poise.train.sharding import element_bounds, owner_runs
-from poise.train.trainer import PolicyTrainer, param_views
+from poise.training.reduce import TreeAccumulator, combine, index_nodes
+from poise.training.sharding import element_bounds, owner_runs
+from poise.training.trainer import PolicyTrainer, param_views
 
 PARAMETER_CHUNK = 4 * 2**20  # elements per owner per all-gather of updated parameters (16 MB in fp32)
 
@@ -417,7 +417,7 @@ class TorchTrainShard:
         their headers and sizes; every owner then writes its own tensors into them in place.
         A failure anywhere (a full disk) reaches the writer, which raises it. Returns the files
         written."""
-        from poise.train.checkpoint import create_tensor_file, write_tensor_parts
+        from poise.training.checkpoint import create_tensor_file, write_tensor_parts
 
         ranks = sorted(ranks)
         group = self.comm.get(ranks)

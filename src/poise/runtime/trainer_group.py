@@ -21,7 +21,7 @@ from poise.policy.mismatch import MismatchStats
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
 from poise.runtime.roles import StagedSamples
-from poise.train.reduce import index_nodes
+from poise.training.reduce import index_nodes
 from poise.types import Sample, SampleId, trained_tokens
 
 

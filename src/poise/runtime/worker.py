@@ -395,9 +395,9 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     from poise.data.tokenizer import load_tokenizer
     from poise.rollout.backends import build_engine
     from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard
-    from poise.train.determinism import bitwise_cuda
-    from poise.train.setup import pin_threads
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.determinism import bitwise_cuda
+    from poise.training.setup import pin_threads
+    from poise.training.trainer import PolicyTrainer
 
     pin_threads(spec.threads, spec.bitwise)
     torch.manual_seed(spec.seed)  # the colocated loop's RNG state, saved in checkpoints
@@ -421,7 +421,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     keep = None if owners is None else _own_run(spec.model.path, dtype, owners, rank)
     model = _initial_policy(spec, tokenizer, device, dtype, keep)
     if spec.model.lora is not None:  # every device: the engine applies the adapter too
-        from poise.train.lora import attach_adapter
+        from poise.training.lora import attach_adapter
 
         attach_adapter(model, spec.model.lora, spec.seed)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
@@ -506,7 +506,7 @@ def _own_run(path: str, dtype, owners: list[int], rank: int) -> set[str]:
     """The names of the parameters device `rank` owns among train devices `owners` (the trainer's
     parameters in order, train/sharding.py `owner_runs`), from the checkpoint's shapes alone."""
     from poise.model.loading import load_model
-    from poise.train.sharding import owner_runs
+    from poise.training.sharding import owner_runs
 
     named = [(n, p) for n, p in load_model(path, dtype, "meta").named_parameters() if p.requires_grad]
     first, end = owner_runs([p.numel() for _, p in named], len(owners))[owners.index(rank)]

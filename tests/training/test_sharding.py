@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard, gather_runs
-from poise.train.sharding import element_bounds, owner_runs
-from poise.train.trainer import PolicyTrainer
+from poise.training.sharding import element_bounds, owner_runs
+from poise.training.trainer import PolicyTrainer
 
 SIZES = [[5, 1, 1, 1, 1, 1], [1] * 7, [10], [3, 3, 3, 3], [100, 7, 7, 300, 2, 2, 50]]
 
@@ -110,7 +110,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     """One train device of `shard: full`: save a checkpoint (rank 0 writes, every owner streams its
     weights and state to it), watching the parameter bytes the writer holds as each tensor is
     written; then load it back, each device reading its own run, and digest the whole model."""
-    import poise.train.checkpoint as ckpt
+    import poise.training.checkpoint as ckpt
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
@@ -167,7 +167,7 @@ def test_full_shard_checkpoints_stream_from_every_owner_and_load_back_by_run(tmp
     save writes, and a load reads each device's run alone and gives back the same weights. A full
     disk as one owner writes its part is the writer's one-line error, and the checkpoints before
     it stay."""
-    from poise.train.checkpoint import TrainState, save_checkpoint
+    from poise.training.checkpoint import TrainState, save_checkpoint
 
     world = 3
     whole = _shard(mode="none")

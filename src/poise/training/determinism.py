@@ -53,7 +53,7 @@ def probe_training_kernels(device: torch.device, model_type: str = "qwen2") -> N
     kernel that has no deterministic form on `device`. Restores the caller's setting."""
     from poise.config import TinyModelConfig
     from poise.model.loading import build_tiny
-    from poise.train.trainer import pack_batch, packed_logprobs
+    from poise.training.trainer import pack_batch, packed_logprobs
 
     was_on, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     shape = TinyModelConfig(arch=model_type if model_type in ("qwen2", "llama", "qwen3", "mistral") else "qwen2",

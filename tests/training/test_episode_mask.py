@@ -11,7 +11,7 @@ import torch
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.policy.plan import loss_normaliser
-from poise.train.trainer import PolicyTrainer, trained_tokens
+from poise.training.trainer import PolicyTrainer, trained_tokens
 from poise.types import Sample
 
 VOCAB = 60

@@ -11,8 +11,8 @@ import torch
 
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
-from poise.train import trainer as trainer_mod
-from poise.train.trainer import PolicyTrainer, pack_batch, packed_logprobs
+from poise.training import trainer as trainer_mod
+from poise.training.trainer import PolicyTrainer, pack_batch, packed_logprobs
 
 VOCAB = 60
 RESPONSE_LENGTHS = [5, 30, 1, 0, 17, 30, 2, 9]  # mixed, as a random policy's are (0: stopped at once)

@@ -3,8 +3,8 @@ the rate and the time left."""
 
 import re
 
-from poise.train import progress
-from poise.train.progress import LINE_EVERY_S, StepProgress
+from poise.training import progress
+from poise.training.progress import LINE_EVERY_S, StepProgress
 
 
 def test_a_line_per_ten_seconds_with_rate_and_eta(monkeypatch, capsys):

@@ -15,8 +15,8 @@ import torch
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.policy.mismatch import LOG_RATIO_BINS, ZERO_BIN, bin_value, histogram_quantile
-from poise.train import trainer as trainer_mod
-from poise.train.trainer import PolicyTrainer, log_ratio_histogram, pack_batch, packed_logprobs
+from poise.training import trainer as trainer_mod
+from poise.training.trainer import PolicyTrainer, log_ratio_histogram, pack_batch, packed_logprobs
 
 VOCAB = 60
 

@@ -3,7 +3,7 @@ import itertools
 import pytest
 import torch
 
-from poise.train.reduce import aligned_nodes, combine, index_nodes, node_sum, tree_sum
+from poise.training.reduce import aligned_nodes, combine, index_nodes, node_sum, tree_sum
 
 
 def _split_sum(values, cuts, add):
@@ -75,7 +75,7 @@ def test_streaming_accumulator_holds_the_aligned_nodes_with_their_tree_sums(m):
     """Leaves pushed in any order, with or without m known, fold into exactly `index_nodes` of the
     held set, each with its `node_sum` (the additions recorded as strings), and combine into the
     one-device tree sum."""
-    from poise.train.reduce import TreeAccumulator
+    from poise.training.reduce import TreeAccumulator
 
     add = lambda a, b: f"({a}+{b})"  # noqa: E731 - the expression records the order of additions
     leaves = [str(i) for i in range(m)]
@@ -101,7 +101,7 @@ def test_streaming_accumulator_holds_the_aligned_nodes_with_their_tree_sums(m):
 def test_streaming_accumulator_holds_log_m_values_in_order():
     """The memory bound: leaves in order leave at most log2(M) + 1 partial sums held at once
     (one per set bit of the count), where keeping every micro-batch holds M."""
-    from poise.train.reduce import TreeAccumulator
+    from poise.training.reduce import TreeAccumulator
 
     for m in (1, 2, 5, 16, 33, 64):
         acc = TreeAccumulator(lambda a, b: a + b)
@@ -113,7 +113,7 @@ def test_streaming_accumulator_holds_log_m_values_in_order():
 
 
 def test_streaming_accumulator_refuses_a_leaf_twice_or_past_m():
-    from poise.train.reduce import TreeAccumulator
+    from poise.training.reduce import TreeAccumulator
 
     acc = TreeAccumulator(lambda a, b: a + b)
     acc.push(0, 1.0)

@@ -6,7 +6,7 @@ import torch
 
 from poise.model.loading import TinyModelConfig, build_tiny
 from poise.policy.cost import CostModel
-from poise.train.profile import TrainProfileConfig, profile_train
+from poise.training.profile import TrainProfileConfig, profile_train
 
 
 def test_train_rows_time_updates_and_leave_the_model_alone():

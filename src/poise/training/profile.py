@@ -51,7 +51,7 @@ def profile_train(model: torch.nn.Module, cfg: TrainProfileConfig, vocab_size: i
     device (forward+backward of each, then clip and the AdamW step). Trains a copy of `model`."""
     from copy import deepcopy
 
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.trainer import PolicyTrainer
 
     model = deepcopy(model).train()
     trainer = PolicyTrainer(model, AlgorithmConfig(), pad_id=0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from poise.errors import PoiseError
-from poise.train.determinism import CUBLAS_WORKSPACE, bitwise_cuda, probe_training_kernels
+from poise.training.determinism import CUBLAS_WORKSPACE, bitwise_cuda, probe_training_kernels
 
 
 @pytest.fixture

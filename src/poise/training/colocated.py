@@ -29,12 +29,12 @@ from poise.rewards.scorer import RewardResult, RewardScorer, log_failures, rewar
 from poise.rundir import prepare_run_dir, resume_line, run_clock, truncate_logs
 from poise.runlog import RunLog
 from poise.schema import dump, to_dict
-from poise.train.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
+from poise.training.checkpoint import (TrainState, check_finite, checkpoint_dir, latest_checkpoint, load_checkpoint,
                                     prune_before_save, prune_checkpoints, save_checkpoint)
-from poise.train.progress import StepProgress
-from poise.train.determinism import bitwise_cuda
-from poise.train.setup import compute_dtype, make_model, make_policy, pin_threads, run_device
-from poise.train.trainer import PolicyTrainer
+from poise.training.progress import StepProgress
+from poise.training.determinism import bitwise_cuda
+from poise.training.setup import compute_dtype, make_model, make_policy, pin_threads, run_device
+from poise.training.trainer import PolicyTrainer
 from poise.types import Request, SampleId, trained_tokens
 
 

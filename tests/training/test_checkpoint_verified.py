@@ -23,9 +23,9 @@ from safetensors.torch import save_file
 
 from poise.config import load_train_config
 from poise.errors import PoiseError
-from poise.train import checkpoint as ckpt
-from poise.train.checkpoint import (CheckpointSaveError, check_finite, latest_checkpoint, verify_checkpoint)
-from poise.train.colocated import ColocatedLoop, train_colocated
+from poise.training import checkpoint as ckpt
+from poise.training.checkpoint import (CheckpointSaveError, check_finite, latest_checkpoint, verify_checkpoint)
+from poise.training.colocated import ColocatedLoop, train_colocated
 
 TINY = ["pipeline.mode=colocated", "run.progress=false", "run.checkpoint_every=1", "cluster.threads_per_device=1",
         "algorithm.prompts_per_step=2", "algorithm.group_size=2", "algorithm.sampling.max_new_tokens=4",

@@ -11,8 +11,8 @@ import torch
 
 from poise.config import TinyModelConfig
 from poise.model.loading import build_tiny
-from poise.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from poise.train.optim_state import place_state
+from poise.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from poise.training.optim_state import place_state
 
 
 def _model_and_optimizer(dtype: torch.dtype):

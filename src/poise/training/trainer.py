@@ -28,7 +28,7 @@ from poise.config import AlgorithmConfig
 from poise.policy.mismatch import LOG_RATIO_BINS, MAGNITUDE_BINS, MAGNITUDE_EDGES, ZERO_BIN, MismatchStats
 from poise.policy.plan import MicroStats, loss_normaliser, mini_of_prompt, pack_rows, plan_step, step_stats
 from poise.rollout.sampling import tempered
-from poise.train.reduce import TreeAccumulator, combine
+from poise.training.reduce import TreeAccumulator, combine
 
 
 class SampleLike(Protocol):

@@ -44,7 +44,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from poise.errors import PoiseError
-from poise.train.optim_state import place_state
+from poise.training.optim_state import place_state
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
 # An async run's checkpoint also holds the samples of the next step, made with the weights before
@@ -53,7 +53,7 @@ PENDING_SAMPLES = "pending_samples.jsonl"
 MARKER = "latest"
 PARTIAL_PREFIX = ".tmp-"  # an unfinished save (or deletion): never a checkpoint
 STEP_DIR = re.compile(r"step_(\d{6,})")
-# Test hook, read only by the crash tests (tests/train/test_checkpoint_durable.py):
+# Test hook, read only by the crash tests (tests/training/test_checkpoint_durable.py):
 # POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> SIGKILLs this process right after
 # that file of the checkpoint of step <step> is written (before the checkpoint is complete).
 KILL_AT_ENV = "POISE_TEST_KILL_AT"
@@ -123,7 +123,7 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     temporary directory themselves, each its own tensors in place (sharded, every train device
     seeing the run directory); it returns the names of the files they wrote."""
     from poise.model.loading import save_hf_config, save_hf_weights
-    from poise.train.lora import trained_parameters
+    from poise.training.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
     written = owners_write(tmp) if owners_write is not None else set()
@@ -453,7 +453,7 @@ def load_weights(path: Path, model: torch.nn.Module, names: set[str] | None = No
     (under LoRA the adapter; the frozen base is the run's initial one) must be there. `names`:
     only these parameters, read one at a time into their (allocated) storage (`cluster.shard:
     full`: a train device reads its own run alone)."""
-    from poise.train.lora import trained_parameters
+    from poise.training.lora import trained_parameters
 
     if names is not None:
         from safetensors import safe_open

@@ -13,7 +13,7 @@ import torch
 
 from poise.cli import main
 from poise.config import load_train_config
-from poise.train.colocated import train_colocated
+from poise.training.colocated import train_colocated
 
 STEPS = 3
 RUN = [
@@ -74,8 +74,8 @@ def _models(run_dir, step):
     the same with peft's merge applied (its LoRA layers then add nothing:
     merged layers skip the adapter)."""
     from poise.data.tokenizer import load_tokenizer
-    from poise.train.checkpoint import checkpoint_dir, load_weights
-    from poise.train.setup import make_policy
+    from poise.training.checkpoint import checkpoint_dir, load_weights
+    from poise.training.setup import make_policy
 
     cfg = load_train_config(run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.data.tokenizer, cfg.model.path)

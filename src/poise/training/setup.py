@@ -14,7 +14,7 @@ from poise.config import ClusterConfig, TrainConfig
 from poise.data.tokenizer import Tokenizer
 from poise.errors import PoiseError
 from poise.model.loading import build_tiny, load_model
-from poise.train.sft import run_sft
+from poise.training.sft import run_sft
 
 
 def pin_threads(threads: int, bitwise: bool) -> None:
@@ -112,7 +112,7 @@ def make_policy(cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device | s
     """`make_model`, with the LoRA adapter of `model.lora` attached (train/lora.py)."""
     model = make_model(cfg, tokenizer, device, dtype, progress)
     if cfg.model.lora is not None:
-        from poise.train.lora import attach_adapter
+        from poise.training.lora import attach_adapter
 
         attach_adapter(model, cfg.model.lora, cfg.run.seed)
     return model

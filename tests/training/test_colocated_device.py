@@ -9,7 +9,7 @@ import torch
 
 from poise.config import load_train_config
 from poise.errors import PoiseError
-from poise.train.colocated import ColocatedLoop, train_colocated
+from poise.training.colocated import ColocatedLoop, train_colocated
 
 FAST = ["pipeline.mode=colocated", "run.progress=false", "algorithm.prompts_per_step=2", "algorithm.group_size=2",
         "algorithm.sampling.max_new_tokens=6", "rollout.num_slots=4", "algorithm.kl_coef=0.01"]

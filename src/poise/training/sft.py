@@ -17,7 +17,7 @@ from poise.data.tasks import Problem, TaskSource, derive_seed
 from poise.data.tokenizer import SEPARATOR, CharTokenizer
 from poise.episodes.guess import transcript
 from poise.model.loading import build_tiny, save_model
-from poise.train.progress import StepProgress
+from poise.training.progress import StepProgress
 
 
 def sft_loss(model: torch.nn.Module, prompts: list[list[int]], answers: list[list[int]], pad_id: int,

@@ -2,7 +2,7 @@
 takes the newest complete checkpoint and cuts the logs back, retention keeps N.
 
 The kills are real: `poise train` runs as a subprocess and SIGKILLs itself at a chosen write through
-the test hook POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> (poise.train.checkpoint).
+the test hook POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> (poise.training.checkpoint).
 Runs start from the session's SFT warm start, so every step moves the weights (asserted) and a
 byte-identical final checkpoint means the same training.
 """
@@ -24,8 +24,8 @@ from safetensors.torch import save_file
 from poise.config import load_train_config
 from poise.errors import PoiseError
 from poise.rundir import truncate_logs
-from poise.train.checkpoint import KILL_AT_ENV, latest_checkpoint
-from poise.train.colocated import train_colocated
+from poise.training.checkpoint import KILL_AT_ENV, latest_checkpoint
+from poise.training.colocated import train_colocated
 
 STEPS = 6
 FAST = [

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from poise.config import load_train_config
-from poise.train import colocated
-from poise.train.colocated import train_colocated
+from poise.training import colocated
+from poise.training.colocated import train_colocated
 
 STEPS = 4
 FAST = [
@@ -108,7 +108,7 @@ def test_bitwise_threads_set_deterministic_algorithms_without_the_compiler():
     import subprocess
     import sys
 
-    code = ("import sys, torch; from poise.train.setup import pin_threads; pin_threads(1, True); "
+    code = ("import sys, torch; from poise.training.setup import pin_threads; pin_threads(1, True); "
             "print(torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),"
             " 'torch._inductor' in sys.modules, torch.get_num_threads())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -130,7 +130,7 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_the_same_gradient(wa
     import torch
 
     from poise.model.loading import load_model
-    from poise.train.trainer import PolicyTrainer
+    from poise.training.trainer import PolicyTrainer
     from poise.types import Sample
 
     cfg = _cfg("unused", warm_start)

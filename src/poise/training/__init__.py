@@ -1,0 +1,1 @@
+"""Training: policy log-probs, micro-batch gradients, fixed-order reduction, optimizer step."""
