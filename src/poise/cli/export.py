@@ -4,9 +4,11 @@ A LoRA run's checkpoint holds the adapter: the export merges it into the run's b
 (train/lora.py `merged_state`: W0 + alpha / r * B @ A in float32, rounded once to the model's
 dtype), so the directory is a plain model of the base's family.
 
-The directory holds `config.json`, `model.safetensors` and the run's tokenizer (the built-in char
-tokenizer's marker file, or an HF tokenizer's files), so `AutoModelForCausalLM.from_pretrained(DIR)`
-loads it and `poise train model.path=DIR data.tokenizer=model` continues from it.
+The directory holds `config.json`, `model.safetensors`, the run's tokenizer (the built-in char
+tokenizer as `tokenizer.json` with Poise's marker file, or an HF tokenizer's own files, unchanged) and a
+model card (`README.md`) that states the prompt format, so `AutoTokenizer` and
+`AutoModelForCausalLM.from_pretrained(DIR)` load it and `poise train model.path=DIR data.tokenizer=model`
+continues from it.
 """
 
 from __future__ import annotations
@@ -59,16 +61,18 @@ def run(args: argparse.Namespace) -> int:
             shutil.copyfile(source / name, staging / name)
     else:
         _write_merged(cfg, tokenizer, source, staging)
-    save = getattr(tokenizer, "save", None)
-    if save is not None:
-        save(staging)
-    elif hasattr(tokenizer, "_tok"):
-        tokenizer._tok.save_pretrained(str(staging))
+    tokenizer.save(staging)
+    from poise.model.card import model_card
+
+    card = model_card(cfg.model, cfg.data, cfg.algorithm.sampling, cfg.env, tokenizer,
+                      f"checkpoint {source.name} of run `{run_dir.name}`")
+    (staging / "README.md").write_text(card)
     if out.exists():
         out.rmdir()
     staging.rename(out)
     print(f"poise: {source.name} of {run_dir} exported to {out} (load it with "
-          f"AutoModelForCausalLM.from_pretrained('{out}'))", file=sys.stderr)
+          f"AutoModelForCausalLM.from_pretrained('{out}') and AutoTokenizer; {out / 'README.md'} gives the "
+          "prompt format)", file=sys.stderr)
     return 0
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from poise.config import TinyModelConfig  # torch-free; stays importable from here
+from poise.data.tokenizer import Tokenizer
 from poise.errors import PoiseError
 from poise.model.files import check_model_dir
 from poise.rollout.runner import check_model_type
@@ -269,12 +270,9 @@ def save_hf_config(model: torch.nn.Module, path: str | Path) -> Path:
     return path
 
 
-def save_model(model: torch.nn.Module, path: str | Path, tokenizer: object | None = None) -> None:
-    """Save in HF format with safetensors weights (and the char tokenizer's marker file)."""
+def save_model(model: torch.nn.Module, path: str | Path, tokenizer: Tokenizer | None = None) -> None:
+    """Save in HF format with safetensors weights, and the tokenizer's files (data/tokenizer.py `save`)."""
     path = Path(path)
     save_hf_weights(model, path)
-    save = getattr(tokenizer, "save", None)
-    if save is not None:
-        save(path)
-    elif tokenizer is not None and hasattr(tokenizer, "_tok"):
-        tokenizer._tok.save_pretrained(str(path))
+    if tokenizer is not None:
+        tokenizer.save(path)
