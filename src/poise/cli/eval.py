@@ -1,14 +1,17 @@
-"""`poise eval RUN_DIR|MODEL_DIR [CONFIG] [key=value ...] [--step N] [--out FILE]`.
+"""`poise eval RUN_DIR|MODEL_DIR [CONFIG] [key=value ...] [--data PATH] [--step N] [--out FILE]`.
 
 Evaluates a checkpoint on the held-out problems of the config's `eval` section (eval.every is not
 needed): a run directory's newest checkpoint (or `--step N`) with the run's config, or an HF model
 directory with CONFIG (default: the built-in defaults). The numbers are those a run logs as
-`eval/...` after the step that wrote the checkpoint (same ids, same engines).
+`eval/...` after the step that wrote the checkpoint (same ids, same engines). A dataset run is
+evaluated on held-out rows of its own (eval.dataset, or `--data PATH`), never on the built-in
+problems; without any it stops in one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,13 +20,16 @@ from poise.errors import PoiseError
 
 
 def add_parser(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "poise eval RUN_DIR|MODEL_DIR [CONFIG] [key=value ...] [--step N] [--out FILE]"
+    parser.usage = "poise eval RUN_DIR|MODEL_DIR [CONFIG] [key=value ...] [--data PATH] [--step N] [--out FILE]"
     # one list, split below: argparse drops optional positionals given after an option (--out X a=b)
     parser.add_argument("args", nargs="+", metavar="RUN_DIR|MODEL_DIR [CONFIG] [key=value ...]",
                         help="a run directory of `poise train` or an HF model directory (config.json + safetensors); "
                              "a YAML config (default: the run's config.yaml, or the defaults); dotted overrides, "
                              "e.g. eval.problems=32 eval.k=4")
     parser.add_argument("--step", type=int, metavar="N", help="a run directory's checkpoint of this step (default: the newest)")
+    parser.add_argument("--data", metavar="PATH", help="held-out rows to evaluate on (.jsonl, .parquet or a `datasets` "
+                                                      "save_to_disk directory with data.prompt_key and answer_key "
+                                                      "columns): eval.dataset=PATH")
     parser.add_argument("--out", metavar="FILE", help="also write the metrics as JSON to this file")
 
 
@@ -69,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_run:  # the model (its context, and with data.tokenizer=model its tokenizer) is TARGET
         overrides = [*overrides, f"model.path={target}"]
     cfg = load_train_config(config or (target / "config.yaml" if is_run else None), overrides)
+    if args.data is not None:  # as given: a path is never parsed as YAML (a file named 2024 stays a name)
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, dataset=args.data))
     weights, version = _checkpoint(target, args.step) if is_run else (target, 0)
     model_dir = weights
 

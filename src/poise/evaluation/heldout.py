@@ -30,8 +30,12 @@ def eval_sample_id(version: int, prompt_index: int, j: int) -> SampleId:
 
 
 def load_heldout(eval_cfg: EvalConfig, data: DataConfig, seed: int) -> list[Problem]:
-    """The held-out problems; a missing file, a row without data.prompt_key/answer_key or a pool too
-    small to hold them fails here with one line (before any work)."""
+    """The held-out problems; a missing file, a row without data.prompt_key/answer_key, a dataset run
+    without held-out rows or a pool too small to hold them fails here with one line (before any work)."""
+    if eval_cfg.dataset is None and data.dataset is not None:  # the built-in problems are another task
+        raise PoiseError(f"data.dataset '{data.dataset}' is this run's task and eval.dataset names no held-out rows "
+                         "of it (the built-in problems are another task); name a file of held-out rows with the same "
+                         "columns: poise eval --data PATH, or eval.dataset=PATH")
     if eval_cfg.dataset is not None:
         from poise.data.dataset import load_dataset
 
