@@ -80,3 +80,28 @@ def test_load_heldout_never_gives_a_dataset_run_the_built_in_problems(data):
     assert [p.prompt for p in load_heldout(EvalConfig(dataset=str(held)), DataConfig(dataset=str(train)), 0)] == \
         ["arith 0+1", "arith 1+1", "arith 2+1"]
     assert len(load_heldout(EvalConfig(problems=5), DataConfig(), 0)) == 5  # a built-in run keeps its problems
+
+
+def test_a_datasetdicts_test_split_is_the_held_out_rows(tmp_path):
+    """A save_to_disk DatasetDict: training reads its train split; evaluation its test split (or
+    validation), whether it is the run's data.dataset or named as eval.dataset, never its train rows."""
+    import datasets
+
+    from poise.data.dataset import load_dataset
+
+    train = datasets.Dataset.from_list([{"prompt": f"arith {a}+{a}", "answer": str(2 * a)} for a in range(4)])
+    test = datasets.Dataset.from_list([{"prompt": f"arith {a}+2", "answer": str(a + 2)} for a in range(3)])
+    both = tmp_path / "both"
+    datasets.DatasetDict({"train": train, "test": test}).save_to_disk(both)
+    validation = tmp_path / "validation"
+    datasets.DatasetDict({"train": train, "validation": test}).save_to_disk(validation)
+    held = ["arith 0+2", "arith 1+2", "arith 2+2"]
+    assert [p.prompt for p in load_dataset(both)] == [f"arith {a}+{a}" for a in range(4)]  # training's rows
+    for path in (both, validation):
+        assert [p.prompt for p in load_heldout(EvalConfig(), DataConfig(dataset=str(path)), 0)] == held
+        assert [p.prompt for p in load_heldout(EvalConfig(dataset=str(path)), DataConfig(), 0)] == held
+        assert [p.prompt for p in load_heldout(EvalConfig(problems=2), DataConfig(dataset=str(path)), 0)] == held[:2]
+    only_train = tmp_path / "train-only"
+    datasets.DatasetDict({"train": train}).save_to_disk(only_train)
+    with pytest.raises(PoiseError, match="eval.dataset names no held-out rows"):
+        load_heldout(EvalConfig(), DataConfig(dataset=str(only_train)), 0)

@@ -73,8 +73,24 @@ def load_parquet(path: Path, prompt_key: str = "prompt", answer_key: str = "answ
     return [_problem(row, f"{path}:row {i}", i, prompt_key, answer_key) for i, row in enumerate(table.to_pylist())]
 
 
-def load_saved(path: Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
-    """A `datasets` save_to_disk directory: a Dataset, or a DatasetDict's `train` (or only) split."""
+TRAIN_SPLITS = ("train",)
+HELD_OUT_SPLITS = ("test", "validation")  # a DatasetDict's held-out rows, in this order of preference
+
+
+def held_out_split(path: str | Path) -> str | None:
+    """The held-out split of a `datasets` save_to_disk DatasetDict directory (its dataset_dict.json),
+    or None: not such a directory, or none of its splits is one of HELD_OUT_SPLITS."""
+    try:
+        splits = json.loads(Path(path, "dataset_dict.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return next((s for s in HELD_OUT_SPLITS if s in splits), None)
+
+
+def load_saved(path: Path, prompt_key: str = "prompt", answer_key: str = "answer",
+               splits: tuple[str, ...] = TRAIN_SPLITS) -> list[Problem]:
+    """A `datasets` save_to_disk directory: a Dataset, or a DatasetDict's split: the first of `splits`
+    it holds, or its only one."""
     try:
         import datasets
     except ImportError:
@@ -88,19 +104,22 @@ def load_saved(path: Path, prompt_key: str = "prompt", answer_key: str = "answer
                         f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
     where = str(path)
     if isinstance(ds, datasets.DatasetDict):
-        splits = list(ds)
-        split = "train" if "train" in ds else splits[0] if len(splits) == 1 else None
+        held = list(ds)
+        split = next((s for s in splits if s in ds), held[0] if len(held) == 1 else None)
         if split is None:
-            raise DataError(f"{path}: holds splits {', '.join(splits)} and none is 'train'; save the split to "
-                            "train on alone (dataset_dict[NAME].save_to_disk(DIR)) and point data.dataset at it")
+            wanted = " or ".join(repr(s) for s in splits)
+            raise DataError(f"{path}: holds splits {', '.join(held)} and none is {wanted}; save the split to "
+                            "use alone (dataset_dict[NAME].save_to_disk(DIR)) and point at that directory")
         ds, where = ds[split], f"{path}[{split}]"
     return [_problem(row, f"{where}:row {i}", i, prompt_key, answer_key) for i, row in enumerate(ds.to_list())]
 
 
-def load_dataset(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer") -> list[Problem]:
+def load_dataset(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer",
+                 splits: tuple[str, ...] = TRAIN_SPLITS) -> list[Problem]:
+    """The rows of a file or save_to_disk directory (`splits`: which of a DatasetDict's splits, by preference)."""
     path = Path(path)
     if path.is_dir():
-        problems = load_saved(path, prompt_key, answer_key)
+        problems = load_saved(path, prompt_key, answer_key, splits)
     elif not path.is_file():
         raise PoiseError(f"dataset '{path}' does not exist; set data.dataset to a .jsonl or .parquet file or a "
                          "`datasets` save_to_disk directory")

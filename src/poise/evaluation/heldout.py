@@ -1,6 +1,7 @@
 """The held-out problems of a run, their requests and their metrics. Torch-free.
 
-Problems: the first `eval.problems` rows of `eval.dataset`, or problems of the built-in tasks drawn
+Problems: the first `eval.problems` rows of `eval.dataset` (a DatasetDict's test or validation split), of
+a dataset run's own DatasetDict's test or validation split, or problems of the built-in tasks drawn
 from a seed of their own, the mix of training's last phase, keeping only prompts that no training
 pool holds (training never sees them). Requests: greedy response j=0, sampled responses j=1..k, all
 with ids `(-1 - version, prompt index, j)`, which no training sample has (training's steps are >= 0).
@@ -32,18 +33,22 @@ def eval_sample_id(version: int, prompt_index: int, j: int) -> SampleId:
 def load_heldout(eval_cfg: EvalConfig, data: DataConfig, seed: int) -> list[Problem]:
     """The held-out problems; a missing file, a row without data.prompt_key/answer_key, a dataset run
     without held-out rows or a pool too small to hold them fails here with one line (before any work)."""
-    if eval_cfg.dataset is None and data.dataset is not None:  # the built-in problems are another task
-        raise PoiseError(f"data.dataset '{data.dataset}' is this run's task and eval.dataset names no held-out rows "
-                         "of it (the built-in problems are another task); name a file of held-out rows with the same "
-                         "columns: poise eval --data PATH, or eval.dataset=PATH")
-    if eval_cfg.dataset is not None:
-        from poise.data.dataset import load_dataset
+    from poise.data.dataset import HELD_OUT_SPLITS, held_out_split, load_dataset
 
+    if eval_cfg.dataset is None and data.dataset is not None:  # the built-in problems are another task
+        split = held_out_split(data.dataset)
+        if split is None:
+            raise PoiseError(f"data.dataset '{data.dataset}' is this run's task and eval.dataset names no held-out "
+                             "rows of it (the built-in problems are another task); name a file of held-out rows with "
+                             "the same columns: poise eval --data PATH, or eval.dataset=PATH")
+        rows = load_dataset(data.dataset, data.prompt_key, data.answer_key, (split,))
+        return rows[:eval_cfg.problems] if eval_cfg.problems else rows
+    if eval_cfg.dataset is not None:
         if not Path(eval_cfg.dataset).exists():
             raise PoiseError(f"eval.dataset '{eval_cfg.dataset}' does not exist; name a .jsonl or .parquet file or "
                              "a `datasets` save_to_disk directory of held-out rows, or set eval.every=0")
         try:
-            rows = load_dataset(eval_cfg.dataset, data.prompt_key, data.answer_key)
+            rows = load_dataset(eval_cfg.dataset, data.prompt_key, data.answer_key, HELD_OUT_SPLITS)
         except PoiseError as e:
             raise type(e)(f"eval.dataset: {e}") from None
         return rows[:eval_cfg.problems] if eval_cfg.problems else rows
