@@ -80,3 +80,28 @@ print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
     assert "ERROR PoiseError run.tensorboard needs torch and the tensorboard package" in out.stdout
     assert not (tmp_path / "tensorboard").exists()
     assert math.isclose(json.loads((tmp_path / "metrics.jsonl").read_text())["reward_mean"], 1.0)
+
+
+def test_tensorboard_shows_each_steps_completions_as_text(tmp_path):
+    """With run.tensorboard, each step's completions.jsonl rows are a `completions` text at its step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from poise.completions import read_completions
+    from poise.config import load_train_config
+    from poise.training.colocated import train_colocated
+
+    run = tmp_path / "run"
+    train_colocated(load_train_config(None, [*TINY, f"run.dir={run}", "run.tensorboard=true"]))
+    rows = read_completions(run)
+    assert [r["step"] for r in rows] == [0] * 4 + [1] * 4 + [2] * 4
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    acc.Reload()
+    (tag,) = [t for t in acc.Tags()["tensors"] if t.startswith("completions")]
+    texts = acc.Tensors(tag)
+    assert [t.step for t in texts] == [0, 1, 2]
+    for event in texts:
+        text = event.tensor_proto.string_val[0].decode()
+        for r in rows:
+            if r["step"] == event.step:
+                assert f"sample {'/'.join(map(str, r['id']))}" in text
+                assert all(("    " + line) in text for line in r["completion"].splitlines()), (r, text)

@@ -18,6 +18,7 @@ CORE = BLOCKER + r'''
 import importlib, pkgutil
 import poise.policy, poise.sim, poise.episodes
 modules = ["poise.config", "poise.types", "poise.schema", "poise.runlog", "poise.rundir", "poise.metrics",
+           "poise.completions", "poise.cli.completions", "poise.report.completions",
            "poise.data.prompts", "poise.data.tasks", "poise.data.tokenizer", "poise.data.dataset",
            "poise.runtime.emulated", "poise.evaluation.heldout", "poise.runtime.evaluation"]
 for package in (poise.policy, poise.sim, poise.episodes):  # every submodule, including ones added later

@@ -62,7 +62,9 @@ def test_offline_run_holds_the_tensorboard_scalars(tmp_path, monkeypatch):
     for r in records:
         if r.WhichOneof("record_type") == "history":
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-            history[items.pop("_step")] = {k: v for k, v in items.items() if not k.startswith("_")}
+            # the scalars; the completions table's keys (completions/...) are checked by the test below
+            history[items.pop("_step")] = {k: v for k, v in items.items()
+                                           if not k.startswith("_") and not k.startswith("completions/")}
     assert sorted(history) == [r["step"] for r in rows] == [0, 1, 2]
     for row in rows:
         expected = dict(scalars(row))  # what TensorBoard gets (tests/test_tensorboard.py)
@@ -85,3 +87,31 @@ def test_run_wandb_without_the_package_stops_before_any_work(tmp_path, monkeypat
     with pytest.raises(PoiseError, match="run.wandb needs the wandb package"):
         check_before_work(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_offline_run_holds_each_steps_completions_as_a_table(tmp_path, monkeypatch):
+    """With run.wandb, each step's completions.jsonl rows are a `completions` wandb.Table at its step."""
+    from poise.completions import read_completions
+    from poise.config import load_train_config
+    from poise.runlog import COMPLETION_COLUMNS
+    from poise.training.colocated import train_colocated
+
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")
+    run = tmp_path / "run"
+    train_colocated(load_train_config(None, [*TINY, f"run.dir={run}", "run.wandb.project=poise-test",
+                                             "run.wandb.mode=offline"]))
+    rows = read_completions(run)
+    (run_file,) = (run / "wandb").glob("offline-run-*/run-*.wandb")
+    tables = {}
+    for r in wandb_records(run_file):
+        if r.WhichOneof("record_type") == "history":
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            if "completions/path" in items:
+                assert items["completions/_type"] == "table-file"
+                tables[items["_step"]] = json.loads((run_file.parent / "files" / items["completions/path"]).read_text())
+    assert sorted(tables) == [0, 1, 2]
+    for step, table in tables.items():
+        assert table["columns"] == list(COMPLETION_COLUMNS)
+        mine = [r for r in rows if r["step"] == step]
+        assert [row[3] for row in table["data"]] == [r["completion"] for r in mine]
+        assert [row[4] for row in table["data"]] == [r["reward"] for r in mine]

@@ -56,6 +56,9 @@ class RunConfig:
     overwrite: bool = help_field(False, "allow starting fresh in a run directory that already holds a run")
     progress: bool = help_field(True, "show a live progress display")
     log_tokens: bool = help_field(False, "also write each sample's token ids and log-probs into its events.jsonl line")
+    log_completions: int = help_field(4, "samples per step written as text (prompt, completion, rewards) to "
+                                         "RUN_DIR/completions.jsonl, chosen by sample id; `poise completions` "
+                                         "shows them; 0 = off")
     verify_sync: bool = help_field(False, "after every weight sync, check that each rollout device's weights digest "
                                           "equals the trainer's (hashes every weight: for tests and debugging)")
     tensorboard: bool = help_field(False, "also write each metrics row's numbers as TensorBoard scalars into "
@@ -67,6 +70,7 @@ class RunConfig:
         check(self.steps >= 1, "steps", self.steps, "must be >= 1")
         check(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, "must be >= 0")
         check(self.keep_checkpoints >= 0, "keep_checkpoints", self.keep_checkpoints, "must be >= 0 (0 = keep all)")
+        check(self.log_completions >= 0, "log_completions", self.log_completions, "must be >= 0 (0 = off)")
         check(bool(self.dir), "dir", self.dir, "must name a directory")
 
 

@@ -57,7 +57,7 @@ def truncate_logs(run_dir: Path, steps_done: int) -> None:
     recomputed identically and logged again), so no step or sample is logged twice. Events without
     a `step` stay. A torn last line (a write cut short by a kill) is dropped; each file is rewritten
     to a temporary file and renamed over the old one, so a kill here loses nothing."""
-    for name in ("metrics.jsonl", "events.jsonl"):
+    for name in ("metrics.jsonl", "events.jsonl", "completions.jsonl"):
         path = run_dir / name
         if path.exists():
             _keep_lines(path, lambda row: not (isinstance(row.get("step"), int) and row["step"] >= steps_done))

@@ -1,7 +1,8 @@
 """The run directory's JSONL logs, shared by the runtime, the colocated loop and the simulator.
 
-Layout (docs/design.md, "Run directory and event log"): RUN_DIR/config.yaml, RUN_DIR/metrics.jsonl
-(one line per step), RUN_DIR/events.jsonl (one line per event, each with `t` and `kind`).
+Layout (docs/events.md): RUN_DIR/config.yaml, RUN_DIR/metrics.jsonl (one line per step),
+RUN_DIR/events.jsonl (one line per event, each with `t` and `kind`), RUN_DIR/completions.jsonl (a few
+samples of each step as text: poise.completions).
 Event kinds: interval, sample, step, decision, resize. `t` is seconds from run start: wall
 clock for real runs, virtual for simulations. Pure Python (no torch) so the simulator uses it.
 """
@@ -45,6 +46,26 @@ def scalars(row: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]
                 yield name, float(value)
 
 
+COMPLETION_COLUMNS = ("step", "id", "prompt", "completion", "reward", "rewards", "length", "finish_reason")
+
+
+def _cell(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float)) or value is None else json.dumps(value)
+
+
+def completions_markdown(rows: list[dict[str, Any]]) -> str:
+    """A step's completions as Markdown: per sample a heading (id, reward, length, finish reason) and
+    its prompt and completion as indented code blocks, which Markdown shows verbatim."""
+    block = lambda text: "\n".join("    " + line for line in str(text).splitlines() or [""])  # noqa: E731
+    parts = []
+    for r in rows:
+        functions = ", ".join(f"{k} {v:.3g}" for k, v in (r.get("rewards") or {}).items())
+        parts.append(f"**sample {'/'.join(map(str, r['id']))}**: reward {r['reward']:.3g}"
+                     f"{f' ({functions})' if functions else ''}, {r['length']} tokens, {r['finish_reason']}\n\n"
+                     f"prompt:\n\n{block(r['prompt'])}\n\ncompletion:\n\n{block(r['completion'])}")
+    return "\n\n".join(parts)
+
+
 class TensorBoardSink:
     """Each metrics row as TensorBoard scalars at global_step = row["step"], in RUN_DIR/tensorboard/.
 
@@ -65,6 +86,11 @@ class TensorBoardSink:
         for name, value in scalars(row):
             self._writer.add_scalar(name, value, global_step=step)
         self._writer.flush()  # a live TensorBoard sees each step as it ends
+
+    def write_completions(self, rows: list[dict[str, Any]]) -> None:
+        """A step's completions as one `completions` text (Markdown) at its step."""
+        self._writer.add_text("completions", completions_markdown(rows), global_step=int(rows[0]["step"]))
+        self._writer.flush()
 
     def close(self) -> None:
         self._writer.close()
@@ -92,6 +118,14 @@ class WandbSink:
     def write(self, row: dict[str, Any]) -> None:
         self._run.log(dict(scalars(row)), step=int(row["step"]))
 
+    def write_completions(self, rows: list[dict[str, Any]]) -> None:
+        """A step's completions as a `completions` table at its step (before its metrics row)."""
+        import wandb
+
+        table = wandb.Table(columns=list(COMPLETION_COLUMNS),
+                            data=[[_cell(r.get(c)) for c in COMPLETION_COLUMNS] for r in rows])
+        self._run.log({"completions": table}, step=int(rows[0]["step"]), commit=False)
+
     def close(self) -> None:
         self._run.finish()
 
@@ -115,6 +149,8 @@ class RunLog:
         mode = "a" if append else "w"
         self._events = open(self.run_dir / "events.jsonl", mode)
         self._metrics = open(self.run_dir / "metrics.jsonl", mode)
+        self._completions_mode = mode
+        self._completions: Any = None  # RUN_DIR/completions.jsonl, opened by the first completions()
         self._queue: queue.SimpleQueue | None = None
         self._error: BaseException | None = None
         if background:
@@ -136,6 +172,27 @@ class RunLog:
             self._queue.put((self._metrics, row))
             return
         self._write_metrics(row)
+
+    def completions(self, rows: list[dict[str, Any]]) -> None:
+        """A step's completions (poise.completions rows): RUN_DIR/completions.jsonl, and TensorBoard
+        text and a W&B table where those are on."""
+        if self._queue is not None:
+            self._queue.put(("completions", rows))
+            return
+        self._write_completions(rows)
+
+    def _write_completions(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        if self._completions is None:
+            self._completions = open(self.run_dir / "completions.jsonl", self._completions_mode)
+        for row in rows:
+            self._completions.write(json.dumps(_clean(row)) + "\n")
+        self._completions.flush()
+        if self._tensorboard is not None:
+            self._tensorboard.write_completions(rows)
+        if self._wandb is not None:
+            self._wandb.write_completions(rows)
 
     def _write_metrics(self, row: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(_clean(row)) + "\n")
@@ -159,6 +216,8 @@ class RunLog:
                     line.set()
                 elif target is self._metrics:
                     self._write_metrics(line)
+                elif target == "completions":
+                    self._write_completions(line)
                 else:
                     target.write(json.dumps(_clean(line)) + "\n")
             except BaseException as e:  # noqa: BLE001 - raised by close()
@@ -182,6 +241,8 @@ class RunLog:
             self._queue = None
         self._events.close()
         self._metrics.close()
+        if self._completions is not None:
+            self._completions.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
         if self._wandb is not None:

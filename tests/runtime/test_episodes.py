@@ -105,6 +105,26 @@ def test_sync_episodes_equal_the_colocated_loop_for_every_split(ray_session, run
     _assert_same(record, reference, f"sync {split}")
 
 
+def test_episode_completions_show_the_transcript_the_same_on_a_split(ray_session, runs, reference):
+    """completions.jsonl of an episode: its whole transcript, observations marked, each turn the
+    decoded tokens of its run of the loss mask; the Ray runtime's rows equal the colocated loop's."""
+    from poise.completions import read_completions
+
+    rows = read_completions(reference.run_dir)
+    assert [tuple(r["id"]) for r in rows] == [(k, i, 0) for k in range(STEPS) for i in range(PROMPTS)]
+    masks = _masks(reference)
+    for r in rows:
+        mask, turns = masks[tuple(r["id"])]
+        runs_of_mask = [m for n, m in enumerate(mask) if n == 0 or mask[n - 1] != m]
+        assert [t["role"] for t in r["turns"]] == ["model" if m else "observation" for m in runs_of_mask], r
+        assert len([t for t in r["turns"] if t["role"] == "model"]) == turns
+        assert r["completion"].count("[observation]") == turns - 1
+    assert any(t["role"] == "observation" and t["text"] for r in rows for t in r["turns"])
+    record = runs.get("sync-2-2", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]",
+                      "run.verify_sync=true")
+    assert read_completions(record.run_dir) == rows
+
+
 def test_async_episodes_are_the_same_on_every_split(ray_session, runs, warm):
     a = runs.get("async-1-3", train_disaggregated, "pipeline.mode=async", "cluster.split=[1,3]")
     b = runs.get("async-3-1", train_disaggregated, "pipeline.mode=async", "cluster.split=[3,1]")

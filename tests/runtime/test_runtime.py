@@ -340,6 +340,12 @@ def test_reordering_dispatcher_changes_nothing(ray_session, tmp_path, reference,
     got.assert_learned(warm_start)
     _assert_syncs(got, (2, 2))
     got.assert_bitwise_equal(reference, "reversed dispatch vs colocated")
+    # what the model wrote: the same samples, chosen by id whatever arrived first, as the colocated loop's
+    from poise.completions import read_completions
+
+    rows = read_completions(tmp_path)
+    assert [tuple(r["id"]) for r in rows] == [(k, i, 0) for k in range(STEPS) for i in range(PROMPTS)], rows
+    assert rows == read_completions(reference.run_dir) and any(r["completion"] for r in rows)
 
 
 def test_dropping_dispatcher_fails_loudly(ray_session, tmp_path, warm_start):

@@ -152,3 +152,25 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_the_same_gradient(wa
         grads[on], kept[on] = result.grads, sum(saved)
     assert kept[True] < 0.8 * kept[False], kept
     assert all(torch.equal(a, b) for a, b in zip(grads[True], grads[False]))
+
+
+def test_completions_show_each_steps_samples_as_text(reference, warm_start):
+    """RUN_DIR/completions.jsonl: run.log_completions (4) samples a step, chosen by id (sample 0 of
+    each prompt), each the decoded text of the tokens the sample event logged, with its reward, every
+    reward function's value, length and finish reason."""
+    from poise.completions import read_completions
+    from poise.data.prompts import make_tokenizer
+
+    cfg = _cfg(reference.run_dir, warm_start)
+    tokenizer = make_tokenizer(cfg.data, cfg.model)
+    rows = read_completions(reference.run_dir)
+    assert [tuple(r["id"]) for r in rows] == [(k, i, 0) for k in range(STEPS) for i in range(4)]
+    events = {tuple(e["id"]): e for e in reference.events if e["kind"] == "sample"}
+    functions = {k for r in reference.rows for k in r if k.startswith("reward/")}
+    for r in rows:
+        e = events[tuple(r["id"])]
+        assert r["completion"] == tokenizer.decode([t for t in e["tokens"] if t != tokenizer.eos_id]), r
+        assert (r["reward"], r["length"], r["prompt_id"]) == (e["reward"], e["output_length"], e["prompt_id"])
+        assert {f"reward/{k}" for k in r["rewards"]} == functions and r["finish_reason"] in ("eos", "stop", "length")
+        assert r["prompt"] and not r["truncated"]
+    assert any(r["completion"] for r in rows)

@@ -1,4 +1,4 @@
-"""`poise` command line: train | config | sft | simulate | plan | sweep | report | profile | export | eval.
+"""`poise` command line: train | config | sft | simulate | plan | sweep | report | completions | profile | export | eval.
 
 Each subcommand lives in its own module with `add_parser(subparsers)` and `run(args) -> int`;
 modules are imported only when their subcommand runs, so `poise simulate` never imports torch.
@@ -20,7 +20,8 @@ SUBCOMMANDS = {
     "simulate": ("poise.cli.simulate", "simulate a scenario on a virtual clock"),
     "plan": ("poise.cli.plan", "recommend a split and say whether live resizing pays"),
     "sweep": ("poise.cli.sweep", "sweep controller parameters over a scenario"),
-    "report": ("poise.cli.report", "draw a run directory's timeline and step times"),
+    "report": ("poise.cli.report", "draw a run directory's report: summary, timeline, training curves, completions"),
+    "completions": ("poise.cli.completions", "show what the model wrote: a run's sampled prompts and completions"),
     "profile": ("poise.cli.profile", "measure the rollout engine's cost model as JSON"),
     "export": ("poise.cli.export", "write a run's checkpoint as an HF model directory"),
     "eval": ("poise.cli.eval", "evaluate a run's checkpoint or an HF model directory on held-out problems"),

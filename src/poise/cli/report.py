@@ -1,4 +1,5 @@
-"""`poise report RUN_DIR`: draw a run's timeline, step time, split and throughput (PNG + HTML)."""
+"""`poise report RUN_DIR`: draw a run as one HTML page and its PNGs: summary, timeline, step time, split,
+throughput, learning curves and training signals, and a page of what the model wrote (docs/report.md)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,10 @@ then an interactive timeline (report/timeline.py: zoom and pan, self-contained, 
 viewed) and the figures: per-device timeline (the static copy), step time, split per step,
 throughput, and the learning curves: reward per step (mean and +-1 standard error over the step's
 samples: for 0/1 rewards a percentile band would span 0-1) and response length (mean and the
-p10-p90 band), and a real run's rollout/trainer log-prob mismatch. Steps count from 0 everywhere,
+p10-p90 band), a real run's training signals (loss, KL, grad norm, entropy, clip fraction; each
+reward function's mean: report/signals.py) and rollout/trainer log-prob mismatch, and a page of
+what the model wrote (completions.html: report/completions.py). Resize sections appear only where
+something resized. Steps count from 0 everywhere,
 as in metrics.jsonl; a resize between steps k and k+1 is "before step k+1", as
 `resize.schedule`'s `at_step` says. Reads only events.jsonl,
 metrics.jsonl and (if present) summary.json, so a real run and a simulation are drawn by the same
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from poise.errors import PoiseError
+from poise.report.completions import index_section, write_completions_page
+from poise.report.signals import draw_signals
 from poise.runlog import read_jsonl
 
 ROLE_COLORS = {"rollout": "#4C72B0", "train": "#DD8452", "resize": "#C44E52", "idle": "#DDDDDD"}
@@ -223,6 +228,8 @@ def eval_curves(metrics: list[dict]) -> dict[str, dict[str, list[float]]]:
     return out
 
 
+TITLES = {"signals": "training signals", "reward_functions": "reward per function",
+          "response_length": "response length", "step_time": "step time", "split": "split per step"}
 EVAL_HEADER = {"greedy": "greedy: mean reward", "sampled": "sampled: mean reward"}
 EVAL_STYLE = {"greedy": ("#DD8452", "o", "held-out eval, greedy: mean reward"),
               "sampled": ("#55A868", "s", "held-out eval, sampled: mean reward")}
@@ -299,7 +306,11 @@ def draw_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[
     draw_timeline(run["events"], paths["timeline"])
     paths.update(draw_series(run["events"], run["metrics"], out))
     paths.update(draw_learning(run["events"], run["metrics"], out))
+    paths.update(draw_signals(run["metrics"], out))
     paths.update(draw_mismatch(run["metrics"], out))
+    completions = write_completions_page(Path(run_dir), out)
+    if completions is not None:
+        paths["completions"] = completions
     paths["html"] = out / "index.html"
     paths["html"].write_text(_html(Path(run_dir), run, paths))
     return paths
@@ -329,8 +340,16 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
         f"<tr><td>{esc(_before(d.get('step')))}</td><td>{esc(d.get('from'))}</td><td>{esc(d.get('to'))}</td>"
         f"<td>{esc(_num(d.get('predicted_gain_s')))}</td><td>{esc(_num(d.get('predicted_cost_s')))}</td>"
         f"<td>{esc(d.get('reason'))}</td></tr>" for d in decisions)
-    imgs = "".join(f'<h2>{esc(name.replace("_", " "))}</h2><img src="{esc(p.name)}" style="max-width:100%">'
-                   for name, p in paths.items() if p.suffix == ".png")
+    timeline = timeline_section(run["events"])
+    if timeline and "timeline" in paths:  # one timeline section: the zoomable one, the PNG folded under it
+        timeline += (f"<details><summary>static copy (PNG)</summary><img src=\"{esc(paths['timeline'].name)}\" "
+                     f"style=\"max-width:100%\"></details>")
+    imgs = "".join(f'<h2>{esc(TITLES.get(name, name.replace("_", " ")))}</h2><img src="{esc(p.name)}" '
+                   f'style="max-width:100%">' for name, p in paths.items()
+                   if p.suffix == ".png" and not (name == "timeline" and timeline))
+    resizes = (f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>before step</th>"
+               f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"
+               f"{resize_rows}</table>") if decisions else ""  # a fixed split has no resize section
     episode_rows, episode_devices = episode_summary(run["metrics"])
     episodes = (f"<h2>episodes</h2><table border=1 cellpadding=3 id='episodes'>"
                 + "".join(f"<tr><th style='text-align:left'>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in episode_rows)
@@ -344,9 +363,7 @@ def _html(run_dir: Path, run: dict[str, Any], paths: dict[str, Path]) -> str:
             f"<h2>summary</h2><table border=1 cellpadding=3 id='summary'>{summary_rows}</table>"
             + eval_table + episodes
             + (f"<h2>simulator summary</h2><table border=1 cellpadding=3>{simulated}</table>" if simulated else "")
-            + f"<h2>resize decisions</h2><table border=1 cellpadding=3><tr><th>before step</th>"
-            f"<th>from</th><th>to</th><th>predicted gain s/step</th><th>resize cost s</th><th>reason</th></tr>"
-            f"{resize_rows}</table>{timeline_section(run['events'])}{imgs}</body></html>")
+            + index_section(run_dir, paths.get("completions")) + resizes + timeline + imgs + "</body></html>")
 
 
 def _before(step: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+STATIC = "static split"  # the reason of every decision of resize.policy static (policy/controller.py StaticSplit)
 LAST_N = 10  # the final reward is the mean over this many last steps: one step's mean is noise
 
 
@@ -91,8 +92,11 @@ def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]
     decisions = [e for e in events if e.get("kind") == "decision" and e.get("what", "resize") == "resize"]
     resizes = [e for e in decisions if e.get("action", "resize") == "resize"]
     done = [e for e in events if e.get("kind") == "resize"]
-    rows.append(("resize decisions", f"resize: {len(resizes)} of {len(decisions)}; resizes done: {len(done)}"
-                 if decisions else f"none logged; resizes done: {len(done)}"))
+    if decisions and not resizes and not done and all(e.get("reason") == STATIC for e in decisions):
+        rows.append(("resize decisions", "none: a static split (resize.policy static)"))  # no policy decided anything
+    else:
+        rows.append(("resize decisions", f"resize: {len(resizes)} of {len(decisions)}; resizes done: {len(done)}"
+                     if decisions else f"none logged; resizes done: {len(done)}"))
 
     recoveries = sum(1 for e in events if e.get("kind") == "recovery")
     reward_failures = sum(1 for e in events if e.get("kind") == "reward_failure")

@@ -24,6 +24,7 @@ from typing import Protocol, Sequence
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from poise.completions import Completions
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context, make_prompt_source, make_tokenizer
 from poise.data.tasks import Problem
@@ -310,6 +311,8 @@ class Driver:
         self.dynamic: dict[int, DynamicStep] = {}  # dynamic sampling: each generated step's slots, until logged
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
         self.evaluation = RolloutEvaluation.of(cfg, source)  # eval.every: held-out problems between steps
+        # RUN_DIR/completions.jsonl; emulated compute has no tokenizer and no text
+        self.completions = Completions.of(cfg.run.log_completions, getattr(source, "tokenizer", None))
         self.episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (poise.episodes)
         self.episode_counters: dict[int, dict] = {}  # per generated step, until logged
         if cfg.env.path is not None:
@@ -786,6 +789,8 @@ class Driver:
                       **({"draw": dynamic.slots[s.sample_id[1]]} if dynamic is not None else {}),
                       **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}),
                       **episode_event_fields(s, tokens))
+        if self.completions is not None:
+            log.completions(self.completions.rows(step, samples, problems, rewards, dict(results)))
         self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
                   train_s=t_train - t_gen, sync_s=sync_s, reward_mean=row["reward_mean"],

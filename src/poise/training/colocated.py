@@ -16,6 +16,7 @@ import torch
 from poise import interrupt
 from poise.algo.advantages import ready_advantages
 from poise.algo.shaping import overlong_penalty
+from poise.completions import Completions
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
@@ -50,6 +51,7 @@ class ColocatedLoop:
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step,
                                RewardScorer(cfg.reward, cfg.env))
         self.tokenizer = self.steps.tokenizer
+        self.completions = Completions.of(cfg.run.log_completions, self.tokenizer)  # RUN_DIR/completions.jsonl
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
         if cfg.determinism == "bitwise":  # a no-op on CPU
@@ -200,6 +202,8 @@ class ColocatedLoop:
         log_failures(log, t_score, step, scored.items(), self.cfg.reward.fallback)
         log_step_events(log, step, samples, problems, t_start, t_gen, t_score, t_end, metrics,
                         self.cfg.run.log_tokens, self.t0, rewards)
+        if self.completions is not None:
+            log.completions(self.completions.rows(step, samples, problems, rewards, scored))
         metrics.update(self.evaluate(step))  # eval/... on the step's row, when eval.every says so
         log.metrics(metrics)
         return metrics
