@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -66,19 +65,12 @@ import torch
 from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
+from poise.rollout.requests import RequestError, admit
 from poise.rollout.runner import DecoderRunner, StepInputs
 from poise.rollout.transfer import to_device
 from poise.rollout.sampling import (NoiseTable, SamplingConfig, position_keys, sample_with_keys, sample_with_noise,
                                     turn_key_prefix)
 from poise.types import FinishReason, Request, Sample, SampleId
-
-
-class RequestError(PoiseError):
-    """A request the engine cannot serve; names the request. Other requests are unaffected."""
-
-    def __init__(self, sample_id: object, problem: str):
-        self.sample_id = sample_id
-        super().__init__(f"request {sample_id}: {problem}")
 
 
 class WeightsError(PoiseError):
@@ -217,33 +209,9 @@ class Engine:
 
     def _admit_check(self, sample_id: SampleId, prompt: list[int], max_new: int | None,
                      tokens: list[int] | None = None, turn: int = 0) -> _Sequence:
-        if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
-            raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
-        if sample_id in self._known:
-            raise RequestError(sample_id, "is already queued or running on this engine; sample ids must be unique")
-        if not prompt:
-            raise RequestError(sample_id, "empty prompt; a prompt needs at least one token")
-        try:  # numpy or 0-d tensor ids become plain ints
-            prompt = [operator.index(t) for t in prompt]
-        except TypeError:
-            raise RequestError(sample_id, f"prompt ids must be integers, got {prompt[:5]!r}...") from None
-        bad = [t for t in prompt if not 0 <= t < self.runner.vocab_size]
-        if bad:
-            raise RequestError(sample_id, f"prompt token {bad[0]!r} is outside the vocabulary [0, "
-                                          f"{self.runner.vocab_size})")
-        if len(prompt) >= self.context:
-            raise RequestError(sample_id, f"prompt of {len(prompt)} tokens leaves no room in the context of "
-                                          f"{self.context}; shorten the prompt to at most {self.context - 1} "
-                                          "tokens or raise engine max_context")
         budget = self.sampling.max_new_tokens if max_new is None else max_new
-        if not isinstance(budget, int) or budget <= 0:
-            raise RequestError(sample_id, f"max_new_tokens={budget!r}; it must be a positive integer")
-        if tokens and (len(prompt) + len(tokens) >= self.context or len(tokens) >= budget):
-            raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
-                                          f"room left (context {self.context}, budget {budget}); resume it on an "
-                                          "engine with the same max_context")
-        if not isinstance(turn, int) or turn < 0:
-            raise RequestError(sample_id, f"turn={turn!r}; it must be an integer >= 0")
+        prompt = admit(sample_id, prompt, budget, tokens or [], turn, known=self._known,
+                       vocab_size=self.runner.vocab_size, context=self.context)
         seq = _Sequence(sample_id, prompt, budget, self.clock(), key_prefix=turn_key_prefix(self.seed, sample_id, turn),
                         turn=turn)
         if tokens:
