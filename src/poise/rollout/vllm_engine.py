@@ -56,8 +56,9 @@ import torch
 
 from poise.config import EngineConfig, ModelConfig, SamplingConfig
 from poise.errors import PoiseError
-from poise.rollout.engine import EngineBusyError, check_named_weights, check_resumable, copy_named_weights
+from poise.rollout.engine import EngineBusyError, check_resumable
 from poise.rollout.requests import RequestError, admit
+from poise.rollout.weights import check_named_weights, copy_named_weights
 from poise.rollout.sampling import turn_key_prefix
 from poise.types import FinishReason, Request, Sample, SampleId
 
