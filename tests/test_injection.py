@@ -83,8 +83,7 @@ class _Recorder(NoFaults):
         self.root, self.seen = root, []
 
     def checkpoint_part_written(self, part: str, step: int) -> None:
-        entries = sorted(p.name.split("-")[0] + "-" + p.name.split("-")[1] if p.name.startswith(".tmp-") else p.name
-                         for p in self.root.iterdir())
+        entries = sorted(re.sub(r"-\d+$", "", p.name) for p in self.root.iterdir())  # less the writer's pid
         self.seen.append((part, step, entries))
 
 

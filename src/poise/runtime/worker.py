@@ -60,7 +60,8 @@ class Device(FileEndpoint):
         self.role: Role = "idle"
         self.version = 0
         self.faults = spec.faults
-        install(spec.faults)  # this process's checkpoint writes see it too
+        if not isinstance(spec.faults, NoFaults):  # a given injector: this process's checkpoint writes see it too
+            install(spec.faults)
         build = _emulated_roles if spec.emulated is not None else _real_roles
         engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
