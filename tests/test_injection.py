@@ -106,3 +106,16 @@ def test_a_checkpoint_save_reaches_each_moment_between_its_writes(tmp_path):
     partial = [".tmp-step_000002", "latest", "step_000001"]
     assert recorder.seen == [("model", 2, partial), ("optimizer", 2, partial), ("state", 2, partial),
                              ("marker", 2, [".tmp-latest", "latest", "step_000001", "step_000002"])]
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disaggregated"])
+def test_a_poise_faults_that_does_not_load_stops_the_run_before_any_work(tmp_path, monkeypatch, mode):
+    from poise.config import load_train_config
+    from poise.runtime.driver import train_disaggregated
+    from poise.training.colocated import train_colocated
+
+    monkeypatch.setenv(ENV, "no_such_module_xyz:Faults")
+    cfg = load_train_config(None, [f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(PoiseError, match=f"{ENV}='no_such_module_xyz:Faults'"):
+        (train_colocated if mode == "colocated" else train_disaggregated)(cfg)
+    assert not (tmp_path / "run").exists()  # nothing was started or written

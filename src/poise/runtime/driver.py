@@ -858,6 +858,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     if resume and cfg.scale.active:  # the joined devices are not in a checkpoint
         raise PoiseError("--resume with scale.schedule or scale.policy=controller is not supported yet; resume with "
                          "scale.policy=static (the same trajectory, on the pool without the joined devices)")
+    injection.current()  # a POISE_FAULTS that does not load fails here, before any work
     run_dir = prepare_run_dir(cfg, resume)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
