@@ -9,9 +9,9 @@ step, `cluster.step_timeout_s` left at its default (600 s). First one undisturbe
 syncs (`sync_s` of each step, the leader's broadcast of `--bucket-mb` buckets to both rollout
 devices) give the window to kill in. Then `--kills` runs, each killing one device of the sync (a
 rollout device or the leader, drawn with `--seed`) at a moment drawn uniformly within the longest
-sync of the undisturbed run, in a step drawn from the run's steps: the POISE_TEST_KILL `sync` hook,
-where the device SIGKILLs its own process that many seconds into its sync (or at the sync's end if
-it is over sooner), runtime/faults.py.
+sync of the undisturbed run, in a step drawn from the run's steps: the fault tests' `sync` kill
+(tests/fault_injection.py), where the device SIGKILLs its own process that many seconds into its
+sync (or at the sync's end if it is over sooner).
 
 Per kill: `detect_s` (the kill to the driver's recovery start), `recover_s` (replica saved, every
 actor replaced, state loaded), `silent` (survivors that did not answer the recovery's probe: stuck in
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import sys
 import time
@@ -36,7 +35,10 @@ from pathlib import Path
 from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.runtime.faults import KILL_ENV, RunFailure
+from poise.runtime.faults import RunFailure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fault_injection import injected  # noqa: E402 - tests/fault_injection.py, the fault tests' injector
 
 TINY = ["run.progress=false", "run.log_tokens=true", "run.checkpoint_every=1", "run.overwrite=true",
         "algorithm.prompts_per_step=4", "algorithm.group_size=4", "algorithm.micro_batch_size=3",
@@ -47,17 +49,13 @@ SYNC_DEVICES = (0, 1, 2)  # the rollout devices and the train leader: every part
 
 def run(name: str, extra: list[str], kill: str | None = None) -> tuple[float, Path, BaseException | None]:
     run_dir = Path(f"runs/bench-kill-sync-{name}")
-    os.environ.pop(KILL_ENV, None)
-    if kill:
-        os.environ[KILL_ENV] = kill
     t = time.perf_counter()
     error = None
     try:
-        train_disaggregated(load_train_config(None, [*TINY, f"run.dir={run_dir}", *extra]))
+        with injected(kill=kill or ""):
+            train_disaggregated(load_train_config(None, [*TINY, f"run.dir={run_dir}", *extra]))
     except RunFailure as e:
         error = e
-    finally:
-        os.environ.pop(KILL_ENV, None)
     return time.perf_counter() - t, run_dir, error
 
 

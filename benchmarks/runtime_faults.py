@@ -6,13 +6,13 @@ the run.
 
 Real compute on 4 CPU devices split 2+2 (a random tiny Qwen2, 4 prompts x 4 samples, 12 new
 tokens, a checkpoint per step). For sync and async: one undisturbed run, then one run per kill
-case (the POISE_TEST_KILL hook: a real `ray.kill` at an exact phase): a rollout device during
+case (the fault tests' injector, tests/fault_injection.py: a real `ray.kill` at an exact phase): a rollout device during
 generation, a train device during its micro-batches, the train leader during the weight
 publish, the leader before a checkpoint. Each killed run is compared with the undisturbed one
 (model and optimizer bytes of the last checkpoint); its `recovery` event gives the seconds from
 the kill to its detection and the seconds to recover (replica saved, every actor replaced,
 state loaded); `extra_s` is the killed run's wall time minus the undisturbed run's. Then a hung
-train device (POISE_TEST_HANG, cluster.step_timeout_s=--timeout) and the death of the only train
+train device (its `hang`, cluster.step_timeout_s=--timeout) and the death of the only train
 device of a 1+1 run: seconds from the start of the run to its one-line error.
 
 Writes bench-results/runtime_faults-<timestamp>.json; runs under runs/bench-faults-*.
@@ -23,14 +23,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
+import sys
 import time
 from pathlib import Path
 
 from results import write_results  # benchmarks/results.py
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure
+from poise.runtime.faults import RunFailure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fault_injection import injected  # noqa: E402 - tests/fault_injection.py, the fault tests' injector
 
 TINY = ["run.progress=false", "run.checkpoint_every=1", "run.overwrite=true", "algorithm.prompts_per_step=4",
         "algorithm.group_size=4", "algorithm.micro_batch_size=3", "algorithm.sampling.max_new_tokens=12",
@@ -40,20 +43,16 @@ CASES = [("rollout during generation", 0, "generate"), ("train during micro-batc
          ("leader during publish", 2, "publish"), ("leader before checkpoint", 2, "checkpoint")]
 
 
-def run(name: str, extra: list[str], env: dict[str, str] | None = None) -> tuple[float, Path, BaseException | None]:
+def run(name: str, extra: list[str], faults: dict[str, str] | None = None
+        ) -> tuple[float, Path, BaseException | None]:
     run_dir = Path(f"runs/bench-faults-{name}")
-    os.environ.pop(KILL_ENV, None)
-    os.environ.pop(HANG_ENV, None)
-    os.environ.update(env or {})
     t = time.perf_counter()
     error = None
     try:
-        train_disaggregated(load_train_config(None, [*TINY, f"run.dir={run_dir}", *extra]))
+        with injected(**(faults or {})):
+            train_disaggregated(load_train_config(None, [*TINY, f"run.dir={run_dir}", *extra]))
     except RunFailure as e:
         error = e
-    finally:
-        os.environ.pop(KILL_ENV, None)
-        os.environ.pop(HANG_ENV, None)
     return time.perf_counter() - t, run_dir, error
 
 
@@ -77,7 +76,7 @@ def main() -> None:
         digest = final_digest(base_dir)
         for name, device, phase in CASES:
             step = 2 if (mode, phase) == ("async", "generate") else 1
-            wall, run_dir, error = run(f"{mode}-{phase}", extra, {KILL_ENV: f"{phase}:{step}:{device}"})
+            wall, run_dir, error = run(f"{mode}-{phase}", extra, {"kill": f"{phase}:{step}:{device}"})
             ev = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
             rec = [e for e in ev if e["kind"] == "recovery"]
             rows.append({"mode": mode, "case": name, "device": device, "survived": error is None and bool(rec),
@@ -96,10 +95,10 @@ def main() -> None:
 
 def stops(args, out: dict) -> None:
     wall, _, error = run("hang", ["pipeline.mode=sync", "run.steps=2", "cluster.devices=2", "cluster.split=[1,1]",
-                                  f"cluster.step_timeout_s={args.timeout}"], {HANG_ENV: "train:1:1"})
+                                  f"cluster.step_timeout_s={args.timeout}"], {"hang": "train:1:1"})
     out["hang"] = {"step_timeout_s": args.timeout, "wall_s": wall, "error": str(error) if error else None}
     wall, _, error = run("last-train", ["pipeline.mode=sync", "run.steps=2", "cluster.devices=2",
-                                        "cluster.split=[1,1]"], {KILL_ENV: "train:1:1"})
+                                        "cluster.split=[1,1]"], {"kill": "train:1:1"})
     out["unrecoverable"] = {"wall_s": wall, "error": str(error) if error else None}
 
 

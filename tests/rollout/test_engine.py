@@ -11,6 +11,7 @@ import torch
 from poise.data.tokenizer import CharTokenizer
 from poise.errors import PoiseError
 from poise.rollout import engine as engine_module
+from poise.rollout import weights as weights_module
 from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
 from poise.rollout.runner import DecoderRunner, key_bucket
 from poise.rollout.sampling import NoiseTable, SamplingConfig
@@ -383,8 +384,8 @@ def test_load_weights_in_place_and_stamp_the_version(monkeypatch, qwen2, other_q
     eng = engine(qwen2, num_slots=3, weight_bucket_mb=0.01)  # many small buckets
     before = by_id(eng.generate(reqs))
     staged = []
-    original = engine_module._copy_bucket
-    monkeypatch.setattr(engine_module, "_copy_bucket", lambda bucket: (
+    original = weights_module._copy_bucket
+    monkeypatch.setattr(weights_module, "_copy_bucket", lambda bucket: (
         staged.append(sum(t.numel() * t.element_size() for t, _ in bucket)), original(bucket)))
     eng.load_weights(dict(new.named_parameters()), version=1)
     after = by_id(eng.generate(reqs))

@@ -11,12 +11,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
-from contextlib import contextmanager
 
 from poise.config import load_train_config
 from poise.data.tasks import TaskSource
 from poise.policy.dispatch import RoundRobinDispatcher
 
+from fault_injection import injected  # tests/fault_injection.py
 from run_shapes import GROUP, PROMPTS, tiny_job
 
 STEPS = 3
@@ -33,28 +33,14 @@ def config(run_dir, warm_start, *extra):
     return load_train_config(None, [*TINY, f"run.dir={run_dir}", *warm_start.overrides, *extra])
 
 
-@contextmanager
-def env(**values):
-    """Set environment variables (the fault hooks) for the length of one run."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def run_once(name: str, root, warm_start, read_run, train, *extra, hooks: dict | None = None):
-    """Run `train(config)` once per session under `name`; every test that needs it gets the same
-    RunRecord (or the same failure). Listening sockets are probed all along (`listening[name]`)."""
+def run_once(name: str, root, warm_start, read_run, train, *extra, faults: dict | None = None):
+    """Run `train(config)` once per session under `name`, with `faults` injected (the arguments of
+    tests/fault_injection.py `injected`); every test that needs it gets the same RunRecord (or the
+    same failure). Listening sockets are probed all along (`listening[name]`)."""
     if name not in _done:
         run_dir = root / name
         try:
-            with env(**(hooks or {})), SocketProbe() as probe:
+            with injected(**(faults or {})), SocketProbe() as probe:
                 train(config(run_dir, warm_start, *extra))
             listening[name] = probe.found
             _done[name] = read_run(run_dir)

@@ -14,10 +14,10 @@ import pytest
 
 from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
-from poise.runtime.faults import KILL_ENV
 from poise.training.colocated import train_colocated
 
-from fault_runs import CrashAtStep, env
+from fault_injection import injected  # tests/fault_injection.py
+from fault_runs import CrashAtStep
 from run_shapes import GROUP, PROMPTS, tiny_job
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -53,11 +53,11 @@ class Runs:
         self.root, self.warm, self.read = root, warm, read_run
         self._done: dict = {}
 
-    def get(self, name: str, train, *extra, hooks=None, **kwargs):
+    def get(self, name: str, train, *extra, faults=None, **kwargs):
         if name not in self._done:
             run_dir = self.root / name
             try:
-                with env(**(hooks or {})):
+                with injected(**(faults or {})):
                     train(self.config(run_dir, *extra), **kwargs)
                 self._done[name] = self.read(run_dir)
             except Exception as e:  # every test that needs this run reports the same failure
@@ -142,7 +142,7 @@ def test_a_live_resize_schedule_changes_no_episode(ray_session, runs, reference)
 
 def test_a_rollout_device_killed_mid_episode_changes_nothing(ray_session, runs, reference):
     record = runs.get("killed", train_disaggregated, "pipeline.mode=sync", "cluster.split=[2,2]",
-                      "cluster.step_timeout_s=60", hooks={KILL_ENV: "generate:1:0"})
+                      "cluster.step_timeout_s=60", faults={"kill": "generate:1:0"})
     recoveries = [e for e in record.events if e["kind"] == "recovery"]
     assert [e["devices"] for e in recoveries] == [[0]], recoveries
     _assert_same(record, reference, "a rollout device killed while episodes of step 1 were between turns")

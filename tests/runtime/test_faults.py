@@ -2,9 +2,9 @@
 
 `ray.kill` of a rollout device during generation, of a train device during its micro-batches and
 of the train leader during the weight publish, in one sync and in one async run (the real kill,
-at an exact phase, by the POISE_TEST_KILL hook): each run completes with the samples (tokens,
+at an exact phase, by the fault tests' injector, tests/fault_injection.py): each run completes with the samples (tokens,
 logprobs, weights versions) and the model and optimizer bytes of the undisturbed run, learning
-all along, and logs each sample and step once. A worker that sleeps forever (POISE_TEST_HANG)
+all along, and logs each sample and step once. A worker that sleeps forever (its `hang`)
 stops the run with one line within cluster.step_timeout_s of its last progress and releases the
 placement group; the death of the only train device stops the run with one line and an intact
 checkpoint to resume from.
@@ -17,10 +17,11 @@ import ray
 
 from poise.runtime.driver import train_disaggregated
 from poise.errors import PoiseError
-from poise.runtime.faults import HANG_ENV, KILL_ENV, RunFailure, StepTimeout, WorkerLost, kill_hooks, wait
+from poise.runtime.faults import RunFailure, StepTimeout, WorkerLost, wait
 from poise.training.checkpoint import latest_checkpoint, verify_checkpoint
 
-from fault_runs import assert_logged_once, baseline, config, env, run_once
+from fault_injection import Faults, KillAt, injected, parse_kills  # tests/fault_injection.py
+from fault_runs import assert_logged_once, baseline, config, run_once
 
 pytestmark = pytest.mark.ray
 
@@ -45,7 +46,7 @@ def test_killed_workers_are_survived_byte_identical(ray_session, tmp_path_factor
     # dead peer (gloo can miss the death); the recovery no longer waits for one (PROBE_S): the attack
     # at the default deadline is test_a_device_killed_during_a_weight_sync_is_survived_at_the_default_deadline
     killed = run_once(f"{mode}-killed", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
-                      f"pipeline.mode={mode}", "cluster.step_timeout_s=60", hooks={KILL_ENV: KILLS[mode]})
+                      f"pipeline.mode={mode}", "cluster.step_timeout_s=60", faults={"kill": KILLS[mode]})
     straight.assert_learned(warm_start)
     killed.assert_learned(warm_start)
     recoveries = _recoveries(killed)
@@ -62,7 +63,7 @@ def test_a_device_killed_during_a_weight_sync_is_survived_at_the_default_deadlin
     """The attack: devices die inside weight syncs while cluster.step_timeout_s keeps its default
     (600 s, also gloo's collective timeout). The train leader SIGKILLs itself as it starts
     broadcasting step 1's weights while rollout device 1 stays in that broadcast (gloo can leave a
-    survivor waiting there for its whole timeout; POISE_TEST_HANG=sync makes it certain), and rollout
+    survivor waiting there for its whole timeout; a `sync` hang makes it certain), and rollout
     device 0 dies 2 ms into step 2's sync. Each death is detected within 30 s, the recovery gives the
     stuck survivor PROBE_S and no more (it restores from train device 3 and replaces every actor),
     and the run ends byte-identical to the undisturbed one. Waiting on the stuck survivor instead
@@ -70,7 +71,7 @@ def test_a_device_killed_during_a_weight_sync_is_survived_at_the_default_deadlin
     straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     killed = run_once("sync-killed-in-sync", tmp_path_factory.getbasetemp(), warm_start, read_run,
                       train_disaggregated, "pipeline.mode=sync",
-                      hooks={KILL_ENV: "sync:1:2:0,sync:2:0:0.002", HANG_ENV: "sync:1:1"})
+                      faults={"kill": "sync:1:2:0,sync:2:0:0.002", "hang": "sync:1:1"})
     assert config(killed.run_dir, warm_start).cluster.step_timeout_s == 600  # the default, not a test's
     recoveries = _recoveries(killed)
     assert [(e["step"], e["devices"]) for e in recoveries] == [(1, [2]), (2, [0])], recoveries
@@ -95,7 +96,7 @@ def test_a_hung_worker_stops_the_run_with_one_line(ray_session, tmp_path, warm_s
     cfg = config(tmp_path, warm_start, "pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]",
                  "run.steps=2", f"cluster.step_timeout_s={timeout_s}")
     t0 = time.monotonic()
-    with env(**{HANG_ENV: "train:1:1"}), pytest.raises(RunFailure) as failure:
+    with injected(hang="train:1:1"), pytest.raises(RunFailure) as failure:
         train_disaggregated(cfg)
     message = str(failure.value)
     assert "\n" not in message and message.startswith("device 1 (train) made no progress for 20 s during training "
@@ -109,7 +110,7 @@ def test_a_hung_worker_stops_the_run_with_one_line(ray_session, tmp_path, warm_s
 def test_the_last_train_device_dying_stops_with_a_resumable_checkpoint(ray_session, tmp_path, warm_start):
     cfg = config(tmp_path, warm_start, "pipeline.mode=sync", "cluster.devices=2", "cluster.split=[1,1]",
                  "run.steps=2")
-    with env(**{KILL_ENV: "train:1:1"}), pytest.raises(RunFailure) as failure:
+    with injected(kill="train:1:1"), pytest.raises(RunFailure) as failure:
         train_disaggregated(cfg)
     message = str(failure.value)
     assert "\n" not in message, message
@@ -131,12 +132,12 @@ def test_sharded_state_survives_a_rollout_death_and_stops_in_one_line_at_a_train
     straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     root = tmp_path_factory.getbasetemp()
     killed = run_once(f"{shard}-rollout-killed", root, warm_start, read_run, train_disaggregated, "pipeline.mode=sync",
-                      f"cluster.shard={shard}", "cluster.step_timeout_s=60", hooks={KILL_ENV: "generate:1:0"})
+                      f"cluster.shard={shard}", "cluster.step_timeout_s=60", faults={"kill": "generate:1:0"})
     assert [e["devices"] for e in _recoveries(killed)] == [[0]]
     killed.assert_bitwise_equal(straight, f"shard={shard}: a rollout device killed vs undisturbed")
     run_dir = root / f"{shard}-train-killed"
     cfg = config(run_dir, warm_start, "pipeline.mode=sync", f"cluster.shard={shard}", "cluster.step_timeout_s=60")
-    with env(**{KILL_ENV: "train:1:3"}), pytest.raises(RunFailure) as failure:
+    with injected(kill="train:1:3"), pytest.raises(RunFailure) as failure:
         train_disaggregated(cfg)
     message = str(failure.value)
     assert "\n" not in message, message
@@ -183,26 +184,21 @@ def test_a_dead_actor_ends_the_wait_at_once_while_the_other_call_still_hangs(ray
 
 
 def test_a_misspelt_fault_hook_is_refused():
-    with env(**{KILL_ENV: "generation:0:1"}), pytest.raises(PoiseError, match="POISE_TEST_KILL='generation:0:1'"):
-        kill_hooks()
+    with pytest.raises(PoiseError, match="kill='generation:0:1'"):
+        parse_kills("generation:0:1")
 
 
 @pytest.mark.parametrize("spec", ["sync:1:2", "train:1:2:0.5", "sync:1:2:-1", "sync:1:2:soon"])
 def test_a_sync_kill_needs_its_moment_and_only_a_sync_kill_has_one(spec):
-    with env(**{KILL_ENV: spec}), pytest.raises(PoiseError, match="sync:<step>:<device>:<seconds>"):
-        kill_hooks()
+    with pytest.raises(PoiseError, match="sync:<step>:<device>:<seconds>"):
+        parse_kills(spec)
 
 
 def test_sync_kills_and_hangs_go_to_the_devices_the_driver_kills_the_rest():
-    from poise.runtime.faults import Injector, KillAt, sync_kill_hook
-
-    with env(**{KILL_ENV: "publish:1:2,sync:1:2:0.004", HANG_ENV: "sync:1:1"}):
-        hooks = sync_kill_hook()
-        injector = Injector(hooks)
-    assert hooks.hooks == (KillAt("sync", 1, 2, 0.004),) and hooks.stuck == ((1, 1),)
-    assert injector.hooks == [KillAt("publish", 1, 2)]
-    with env(**{KILL_ENV: "train:1:3", HANG_ENV: "train:1:1"}):
-        assert sync_kill_hook() is None
+    faults = Faults(kill="publish:1:2,sync:1:2:0.004", hang="sync:1:1")
+    assert faults.sync_kills == (KillAt("sync", 1, 2, 0.004),) and faults.hang == ("sync", 1, 1)
+    assert faults.kills == [KillAt("publish", 1, 2)]
+    assert Faults(kill="train:1:3", hang="train:1:1").sync_kills == ()
 
 
 @ray.remote

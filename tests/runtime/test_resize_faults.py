@@ -11,7 +11,7 @@ import ray
 
 from poise.policy.split import Split
 from poise.runtime.driver import train_disaggregated
-from poise.runtime.faults import KILL_ENV, StepTimeout
+from poise.runtime.faults import StepTimeout
 from poise.runtime.resize import live_resize
 
 from fault_runs import assert_logged_once, baseline, run_once
@@ -65,7 +65,7 @@ def test_a_device_killed_during_a_live_resize_is_survived_byte_identical(ray_ses
     straight = baseline("sync", tmp_path_factory, warm_start, read_run)
     killed = run_once("sync-killed-in-resize", tmp_path_factory.getbasetemp(), warm_start, read_run,
                       train_disaggregated, "pipeline.mode=sync", "cluster.step_timeout_s=60",
-                      "resize.schedule=[{at_step: 2, split: [1, 3]}]", hooks={KILL_ENV: "resize:1:1"})
+                      "resize.schedule=[{at_step: 2, split: [1, 3]}]", faults={"kill": "resize:1:1"})
     recoveries = [e for e in killed.events if e["kind"] == "recovery"]
     assert [(e["step"], e["phase"], e["devices"]) for e in recoveries] == [(1, "resize", [1])], recoveries
     resizes = [e for e in killed.events if e["kind"] == "resize"]

@@ -2,7 +2,8 @@
 takes the newest complete checkpoint and cuts the logs back, retention keeps N.
 
 The kills are real: `poise train` runs as a subprocess and SIGKILLs itself at a chosen write through
-the test hook POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> (poise.training.checkpoint).
+the fault tests' injector (tests/fault_injection.py, `checkpoint=<model|optimizer|state|marker>:<step>`),
+which the subprocess loads through POISE_FAULTS (poise/injection.py).
 Runs start from the session's SFT warm start, so every step moves the weights (asserted) and a
 byte-identical final checkpoint means the same training.
 """
@@ -24,8 +25,11 @@ from safetensors.torch import save_file
 from poise.config import load_train_config
 from poise.errors import PoiseError
 from poise.rundir import truncate_logs
-from poise.training.checkpoint import KILL_AT_ENV, latest_checkpoint
+from poise.injection import ENV as FAULTS_ENV
+from poise.training.checkpoint import latest_checkpoint
 from poise.training.colocated import train_colocated
+
+from fault_injection import CHECKPOINT_ENV, LOAD_FROM_ENVIRONMENT  # tests/fault_injection.py
 
 STEPS = 6
 FAST = [
@@ -48,7 +52,7 @@ def _overrides(run_dir: Path, warm_start, *extra: str) -> list[str]:
 
 
 def _poise_train(args: list[str], kill_at: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **{KILL_AT_ENV: kill_at})
+    env = dict(os.environ, **{FAULTS_ENV: LOAD_FROM_ENVIRONMENT, CHECKPOINT_ENV: kill_at})
     return subprocess.run([sys.executable, "-m", "poise", "train", *args], capture_output=True, text=True,
                           env=env, timeout=300)
 

@@ -39,16 +39,16 @@ def test_a_colocated_vllm_run_leaves_nothing_on_dev_shm(tmp_path, warm_start):
 
 @pytest.mark.ray
 @pytest.mark.parametrize("kill", [None, "generate:1:0"], ids=["clean", "rollout-killed"])
-def test_a_runtime_vllm_run_leaves_nothing_on_dev_shm(ray_session, tmp_path, warm_start, read_run, kill,
-                                                    monkeypatch):
+def test_a_runtime_vllm_run_leaves_nothing_on_dev_shm(ray_session, tmp_path, warm_start, read_run, kill):
     from poise.runtime.driver import train_disaggregated
-    from poise.runtime.faults import KILL_ENV
+
+    from fault_injection import injected  # tests/fault_injection.py
 
     before = _ours()
-    if kill:  # the fault tests' hook: a real ray.kill of device 0 (vLLM's) during step 1's generation
-        monkeypatch.setenv(KILL_ENV, kill)
-    train_disaggregated(_config(tmp_path / "run", warm_start, "pipeline.mode=sync", "run.steps=3",
-                                "cluster.devices=2", "cluster.split=[1,1]", "cluster.step_timeout_s=120"))
+    # the fault tests' injector: a real ray.kill of device 0 (vLLM's) during step 1's generation
+    with injected(kill=kill or ""):
+        train_disaggregated(_config(tmp_path / "run", warm_start, "pipeline.mode=sync", "run.steps=3",
+                                    "cluster.devices=2", "cluster.split=[1,1]", "cluster.step_timeout_s=120"))
     if kill:
         recoveries = [e for e in read_run(tmp_path / "run").events if e["kind"] == "recovery"]
         assert [e["devices"] for e in recoveries] == [[0]], recoveries  # the kill hit the vLLM device

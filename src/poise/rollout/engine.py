@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -66,27 +65,13 @@ import torch
 from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
+from poise.rollout.requests import RequestError, admit
+from poise.rollout.weights import WeightsError, check_named_weights, copy_named_weights
 from poise.rollout.runner import DecoderRunner, StepInputs
 from poise.rollout.transfer import to_device
 from poise.rollout.sampling import (NoiseTable, SamplingConfig, position_keys, sample_with_keys, sample_with_noise,
                                     turn_key_prefix)
 from poise.types import FinishReason, Request, Sample, SampleId
-
-
-class RequestError(PoiseError):
-    """A request the engine cannot serve; names the request. Other requests are unaffected."""
-
-    def __init__(self, sample_id: object, problem: str):
-        self.sample_id = sample_id
-        super().__init__(f"request {sample_id}: {problem}")
-
-
-class WeightsError(PoiseError):
-    """`load_weights` got a missing, unknown or mis-shaped tensor; names it. The old weights stay."""
-
-    def __init__(self, name: str, problem: str):
-        self.name = name
-        super().__init__(f"weights tensor '{name}': {problem}")
 
 
 class EngineBusyError(PoiseError):
@@ -217,33 +202,9 @@ class Engine:
 
     def _admit_check(self, sample_id: SampleId, prompt: list[int], max_new: int | None,
                      tokens: list[int] | None = None, turn: int = 0) -> _Sequence:
-        if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
-            raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
-        if sample_id in self._known:
-            raise RequestError(sample_id, "is already queued or running on this engine; sample ids must be unique")
-        if not prompt:
-            raise RequestError(sample_id, "empty prompt; a prompt needs at least one token")
-        try:  # numpy or 0-d tensor ids become plain ints
-            prompt = [operator.index(t) for t in prompt]
-        except TypeError:
-            raise RequestError(sample_id, f"prompt ids must be integers, got {prompt[:5]!r}...") from None
-        bad = [t for t in prompt if not 0 <= t < self.runner.vocab_size]
-        if bad:
-            raise RequestError(sample_id, f"prompt token {bad[0]!r} is outside the vocabulary [0, "
-                                          f"{self.runner.vocab_size})")
-        if len(prompt) >= self.context:
-            raise RequestError(sample_id, f"prompt of {len(prompt)} tokens leaves no room in the context of "
-                                          f"{self.context}; shorten the prompt to at most {self.context - 1} "
-                                          "tokens or raise engine max_context")
         budget = self.sampling.max_new_tokens if max_new is None else max_new
-        if not isinstance(budget, int) or budget <= 0:
-            raise RequestError(sample_id, f"max_new_tokens={budget!r}; it must be a positive integer")
-        if tokens and (len(prompt) + len(tokens) >= self.context or len(tokens) >= budget):
-            raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
-                                          f"room left (context {self.context}, budget {budget}); resume it on an "
-                                          "engine with the same max_context")
-        if not isinstance(turn, int) or turn < 0:
-            raise RequestError(sample_id, f"turn={turn!r}; it must be an integer >= 0")
+        prompt = admit(sample_id, prompt, budget, tokens or [], turn, known=self._known,
+                       vocab_size=self.runner.vocab_size, context=self.context)
         seq = _Sequence(sample_id, prompt, budget, self.clock(), key_prefix=turn_key_prefix(self.seed, sample_id, turn),
                         turn=turn)
         if tokens:
@@ -553,64 +514,6 @@ def check_resumable(partial: Sample, version: int) -> None:
         raise RequestError(partial.sample_id, f"was generated under weights version {partial.weights_version} "
                                               f"but this engine holds version {version}; resume it where the "
                                               "weights match")
-
-
-def check_named_weights(model: torch.nn.Module,
-                        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]):
-    """Check a full weights update against `model` by name and shape, copying nothing: returns
-    (items, parameters by name, tied aliases by name), or raises WeightsError naming the first bad
-    tensor. Tied aliases (e.g. `lm_head.weight` tied to the embedding) may be sent or left out."""
-    items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-    params = dict(model.named_parameters())
-    aliases = {name: tensor for name, tensor in model.state_dict(keep_vars=True).items()
-               if name not in params and any(tensor is p for p in params.values())}
-    seen: set[str] = set()
-    for name, tensor in items:
-        target = params.get(name, aliases.get(name))
-        if target is None:
-            close = sorted(params)[:3]
-            raise WeightsError(name, f"is not a parameter of this {model.config.model_type} model "
-                                     f"(its names look like {close}); send the trainer's named_parameters()")
-        if not isinstance(tensor, torch.Tensor):
-            raise WeightsError(name, f"expected a torch.Tensor, got {type(tensor).__name__}")
-        if tuple(tensor.shape) != tuple(target.shape):
-            raise WeightsError(name, f"has shape {tuple(tensor.shape)} but the engine's model needs "
-                                     f"{tuple(target.shape)}; the checkpoints' configs differ")
-        if name in seen:
-            raise WeightsError(name, "was sent twice")
-        seen.add(name)
-    missing = [name for name in params if name not in seen]
-    if missing:
-        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        raise WeightsError(missing[0], f"is missing from the update{more}; send every parameter "
-                                       "(a partial update would mix two weights versions)")
-    return items, params, aliases
-
-
-@torch.no_grad()
-def copy_named_weights(items: list[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor],
-                       aliases: dict[str, torch.Tensor], bucket_mb: float) -> None:
-    """Copy checked `items` into `params` in buckets of at most `bucket_mb`: only one bucket is
-    staged on the parameters' device (cast to their dtype) at a time."""
-    limit = int(bucket_mb * 2**20)
-    bucket: list[tuple[torch.Tensor, torch.Tensor]] = []
-    size = 0
-    for name, tensor in items:
-        if name in aliases:
-            continue  # the tied parameter itself is in the update
-        target = params[name]
-        bucket.append((target, tensor))
-        size += target.numel() * target.element_size()
-        if size >= limit:
-            _copy_bucket(bucket)
-            bucket, size = [], 0
-    _copy_bucket(bucket)
-
-
-def _copy_bucket(bucket: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    staged = [tensor.to(device=target.device, dtype=target.dtype) for target, tensor in bucket]
-    for (target, _), tensor in zip(bucket, staged):
-        target.copy_(tensor)
 
 
 def _trim_host_heap() -> None:

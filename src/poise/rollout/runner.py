@@ -42,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from poise.errors import PoiseError
+from poise.rollout.decode_groups import (GROUP_OVERHEAD, MAX_DECODE_GROUPS, key_bucket, plan_bucket_groups,
+                                         plan_decode_groups)
 from poise.rollout.kv_cache import CacheShape, KVCache
 from poise.rollout.transfer import to_device
 from poise.training.lora import lora_parts
@@ -104,107 +106,14 @@ class StepInputs:
     row_quantum: int = 0
 
 
-# About what one more attention call (plus its key/value copy) costs, in attended
-# (query row, key) pairs: a group is split off only when it saves more than this.
-GROUP_OVERHEAD = 1024
-MAX_DECODE_GROUPS = 4
-# A decode group whose slot range is more than this many times its rows copies its rows' cache
-# slots; otherwise it attends a view of the range (idle slots in it get zero queries).
-GATHER_SPAN = 1.25
 # Up to this many prompts in one forward attend one by one (views, one SDPA each); more are
 # padded into one batch. On CPU, padding 2-4 short prompts (three gathers, a mask, a scatter back)
 # cost more than their separate calls.
 PREFILL_ONE_BY_ONE = 4
-# Batch-invariant rows: the smallest key bucket, and buckets per doubling of the context. Few
-# buckets measured fastest on CPU (each is one more attention call, which costs more than
-# attending up to twice the keys): 2 or 4 per doubling cost 4-10% more than 1, and a smallest
-# bucket of 32 cost ~10% more than 64 on the long workload of benchmarks/engine.py.
-BUCKET_MIN = 64
-BUCKETS_PER_OCTAVE = 1
 # Row quanta tried by `DecoderRunner.row_quantum`, and the most rows its probe multiplies.
 ROW_QUANTA = (4, 8, 16, 32)
 PROBE_ROWS = 256
 _row_quanta: dict[tuple, int] = {}  # probe results by (device, dtype, threads, matmul shapes)
-
-
-@dataclass(frozen=True)
-class DecodeGroupPlan:
-    """Decode rows that attend over one key length.
-
-    rows: indices into the step's decode rows, in increasing slot order; length: keys attended
-    (the group's longest position + 1). gather False: attend a view of cache slots [lo, hi)
-    (slots in it without a row of the group get zero queries); True: copy the rows' own slots.
-    """
-
-    rows: tuple[int, ...]
-    length: int
-    lo: int
-    hi: int
-    gather: bool
-
-
-def plan_decode_groups(slots: list[int], positions: list[int], overhead: int = GROUP_OVERHEAD,
-                       max_groups: int = MAX_DECODE_GROUPS) -> list[DecodeGroupPlan]:
-    """Cut decode rows (slots, positions; increasing slots) into groups by context length.
-
-    Rows are sorted longest first and cut where the cut saves the most attended (row, key)
-    pairs, while that saving exceeds `overhead`: a long tail of a few long sequences beside many
-    short ones becomes a few rows over long contexts and many over short ones, instead of every
-    row over the longest. Groups come longest first.
-    """
-    n = len(slots)
-    order = sorted(range(n), key=lambda r: -positions[r])
-    lengths = [positions[r] + 1 for r in order]
-    cuts = [0]
-    while len(cuts) < max_groups:
-        start, best, cut = cuts[-1], overhead, None
-        top = lengths[start]
-        for k in range(start + 1, n):
-            saving = (n - k) * (top - lengths[k])  # rows k.. would attend lengths[k] keys, not top
-            if saving > best:
-                best, cut = saving, k
-        if cut is None:
-            break
-        cuts.append(cut)
-    cuts.append(n)
-    plans = []
-    for a, b in zip(cuts, cuts[1:]):
-        rows = tuple(sorted(order[a:b]))
-        lo, hi = slots[rows[0]], slots[rows[-1]] + 1
-        # a view while at most a fifth of its range idles; else copying the rows' slots is cheaper
-        plans.append(DecodeGroupPlan(rows, lengths[a], lo, hi, gather=hi - lo > GATHER_SPAN * len(rows)))
-    return plans
-
-
-def key_bucket(position: int, context: int) -> int:
-    """Keys that a batch-invariant decode row at `position` attends over (masked beyond it).
-
-    A function of the row alone: SDPA's bits change with the key length even where the extra keys
-    are masked, and nothing promises that the CPU path's reductions (softmax's vector loop and its
-    tail, the GEMM's blocking over keys) do not, so a row's key length must not be its group's
-    longest context (the fast path's choice). Buckets grow geometrically (BUCKETS_PER_OCTAVE = 1:
-    64, 128, 256, ...), capped at the context, so a step's rows fall into few buckets, at the
-    price of attending up to twice the keys.
-    """
-    need = position + 1
-    if need <= BUCKET_MIN:
-        return min(BUCKET_MIN, context)
-    top = 1 << (need - 1).bit_length()  # the power of two >= need
-    step = top // (2 * BUCKETS_PER_OCTAVE)
-    return min(-(-need // step) * step, context)
-
-
-def plan_bucket_groups(slots: list[int], positions: list[int], context: int) -> list[DecodeGroupPlan]:
-    """Batch-invariant decode groups (slots increasing): one per key bucket, longest first."""
-    buckets: dict[int, list[int]] = {}
-    for row, position in enumerate(positions):
-        buckets.setdefault(key_bucket(position, context), []).append(row)
-    plans = []
-    for length in sorted(buckets, reverse=True):
-        rows = tuple(buckets[length])
-        lo, hi = slots[rows[0]], slots[rows[-1]] + 1
-        plans.append(DecodeGroupPlan(rows, length, lo, hi, gather=hi - lo > GATHER_SPAN * len(rows)))
-    return plans
 
 
 @dataclass

@@ -56,8 +56,9 @@ import torch
 
 from poise.config import EngineConfig, ModelConfig, SamplingConfig
 from poise.errors import PoiseError
-from poise.rollout.engine import (EngineBusyError, RequestError, check_named_weights, check_resumable,
-                                  copy_named_weights)
+from poise.rollout.engine import EngineBusyError, check_resumable
+from poise.rollout.requests import RequestError, admit
+from poise.rollout.weights import check_named_weights, copy_named_weights
 from poise.rollout.sampling import turn_key_prefix
 from poise.types import FinishReason, Request, Sample, SampleId
 
@@ -111,25 +112,8 @@ class VllmEngine:
         self._pending.append(self._check(request.sample_id, list(request.prompt_ids), budget, [], request.turn))
 
     def _check(self, sample_id: SampleId, prompt: list[int], budget, tokens: list[int], turn: int = 0) -> _Request:
-        if not (isinstance(sample_id, tuple) and len(sample_id) == 3 and all(isinstance(i, int) for i in sample_id)):
-            raise RequestError(sample_id, "sample_id must be an int triple (step, prompt_index, sample_index)")
-        if sample_id in self._known:
-            raise RequestError(sample_id, "is already queued or running on this engine; sample ids must be unique")
-        if not prompt:
-            raise RequestError(sample_id, "empty prompt; a prompt needs at least one token")
-        bad = [t for t in prompt if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
-        if bad:
-            raise RequestError(sample_id, f"prompt token {bad[0]!r} is outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt) >= self.context:
-            raise RequestError(sample_id, f"prompt of {len(prompt)} tokens leaves no room in the context of "
-                                          f"{self.context}; shorten the prompt or raise rollout.max_context")
-        if not isinstance(budget, int) or budget <= 0:
-            raise RequestError(sample_id, f"max_new_tokens={budget!r}; it must be a positive integer")
-        if tokens and (len(prompt) + len(tokens) >= self.context or len(tokens) >= budget):
-            raise RequestError(sample_id, f"partial of {len(prompt)} prompt + {len(tokens)} response tokens has no "
-                                          f"room left (context {self.context}, budget {budget})")
-        if not isinstance(turn, int) or turn < 0:
-            raise RequestError(sample_id, f"turn={turn!r}; it must be an integer >= 0")
+        prompt = admit(sample_id, prompt, budget, tokens, turn, known=self._known, vocab_size=self.vocab_size,
+                       context=self.context)
         self._known.add(sample_id)
         return _Request(sample_id, prompt, budget, self.clock(), list(tokens), resumed=len(tokens), turn=turn)
 

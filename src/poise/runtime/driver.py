@@ -31,7 +31,7 @@ from poise.data.tasks import Problem
 from poise.episodes.codec import TurnCodec
 from poise.episodes.metrics import episode_event_fields, episode_metrics, with_env_rewards
 from poise.episodes.runner import EpisodeRunner
-from poise import interrupt
+from poise import injection, interrupt
 from poise.errors import PoiseError
 from poise.algo.shaping import overlong_penalty
 from poise.metrics import step_metrics
@@ -122,8 +122,7 @@ class Runtime:
         self.spec = WorkerSpec(cfg.model, cfg.data.tokenizer, algo, rollout, cfg.run.seed, c.threads_per_device,
                                cfg.determinism == "bitwise", c.device,
                                emulation.device_spec if emulation is not None else None,
-                               c.step_timeout_s, faults.hang_hook(), c.gpus_per_device, c.shard,
-                               test_kill=faults.sync_kill_hook())
+                               c.step_timeout_s, c.gpus_per_device, c.shard, faults=injection.current())
         if emulation is not None:
             self.ranker, default = emulation.ranker, emulation.dispatcher
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
@@ -306,7 +305,7 @@ class Driver:
         self.reward_results: dict[SampleId, RewardResult] = {}  # per function, until the step is logged
         self.trained: tuple | None = None  # the step's results once its update is done, until published
         self.syncing: list = []  # the step's weight-sync calls, once queued
-        self.injector = faults.Injector(runtime.spec.test_kill)  # the fault tests' kills (POISE_TEST_KILL)
+        self.injector = injection.DriverFaults(runtime.spec.faults)  # none unless the run injects them
         self.recoveries = 0
         self.dynamic: dict[int, DynamicStep] = {}  # dynamic sampling: each generated step's slots, until logged
         self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
@@ -864,6 +863,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
     if resume and cfg.scale.active:  # the joined devices are not in a checkpoint
         raise PoiseError("--resume with scale.schedule or scale.policy=controller is not supported yet; resume with "
                          "scale.policy=static (the same trajectory, on the pool without the joined devices)")
+    injection.current()  # a POISE_FAULTS that does not load fails here, before any work
     run_dir = prepare_run_dir(cfg, resume)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)

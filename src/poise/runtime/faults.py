@@ -25,33 +25,13 @@ inside a step whose earlier update already happened on some device (updates_per_
 more than `cluster.max_recoveries` deaths. The run stops with one line naming the device and the
 step; the last checkpoint is intact and `--resume` continues from it.
 
-Test hooks (read by the driver, honoured by real Ray calls, never a mock):
-  POISE_TEST_KILL=<phase>:<step>:<device>   ray.kill that device's actor at `phase` of `step`:
-      generate (after the step's first samples arrived), train (generation over, its
-      micro-batches queued or running), publish (the update done, the weight sync in flight),
-      checkpoint (before the step's checkpoint is written), resize (as the resize after the
-      step starts, before its first call). An emulated device that shares
-      its process (emulation.devices_per_process) dies with that process's other devices.
-  POISE_TEST_KILL=sync:<step>:<device>:<seconds>   the device SIGKILLs its own process <seconds>
-      after it enters the weight sync of `step` (sender or receiver), or at the sync's end if it
-      is over sooner: a death at a chosen moment inside the broadcast, which a kill sent by the
-      driver cannot hit (the sync of the tiny test model lasts milliseconds). Once per run: the
-      device notes the moment in Ray's key-value store first, where the replacement actor sees
-      it (and does not die again) and the driver reads it for the recovery's detection time.
-  POISE_TEST_HANG=<call>:<step>:<device>    the device's actor sleeps forever in `call`
-      (submit or train) for the requests/micro-batches of `step` (runtime/worker.py); with `sync`,
-      as it enters the weight sync of `step`, once per run (SyncKills.hang).
+Faults are made on purpose, to test and measure all this with real deaths, through the injector
+of poise/injection.py, which the driver and the devices call at named moments.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import threading
-import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -61,9 +41,6 @@ from ray.exceptions import RayActorError, RayTaskError
 from poise.errors import PoiseError
 from poise.runtime import hosting
 
-KILL_ENV = "POISE_TEST_KILL"
-HANG_ENV = "POISE_TEST_HANG"
-KILL_PHASES = ("generate", "train", "publish", "checkpoint", "resize", "sync")  # sync: the device kills itself
 PROBE_S = 5.0  # how long a survivor has to answer the probe after a failure
 START_UP_S = 300.0  # at least this long for the actors' start (model build, rendezvous) on a loaded machine
 
@@ -322,149 +299,3 @@ def stop_workers(workers: Sequence, timeout_s: float) -> None:
             hosting.kill(w)
         except Exception:  # noqa: BLE001 - already gone
             pass
-
-
-# ---- test hooks --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KillAt:
-    phase: str
-    step: int
-    device: int
-    after_s: float = 0.0  # sync only: seconds into the device's weight sync
-
-
-def kill_hooks() -> list[KillAt]:
-    """The POISE_TEST_KILL requests (comma-separated), validated: a typo must not test nothing."""
-    spec = os.environ.get(KILL_ENV, "")
-    hooks = []
-    for part in filter(None, spec.split(",")):
-        fields = part.split(":")
-        try:
-            hook = KillAt(fields[0], int(fields[1]), int(fields[2]), *map(float, fields[3:]))
-        except (ValueError, IndexError, TypeError):
-            hook = None
-        if hook is None or hook.phase not in KILL_PHASES or (len(fields) == 4) != (hook.phase == "sync") \
-                or not 0 <= hook.after_s < 3600:
-            raise PoiseError(f"{KILL_ENV}={spec!r}: expected <phase>:<step>:<device>[,...] with phase one of "
-                             f"{', '.join(KILL_PHASES[:-1])}, or sync:<step>:<device>:<seconds>; unset it outside "
-                             "the fault tests")
-        hooks.append(hook)
-    return hooks
-
-
-def hang_hook() -> str | None:
-    return os.environ.get(HANG_ENV) or None
-
-
-@dataclass(frozen=True)
-class SyncKills:
-    """The `sync` kills of POISE_TEST_KILL and hangs of POISE_TEST_HANG, handed to every device in
-    its WorkerSpec. The sync of step k publishes weights version k+1 (one version per step)."""
-
-    hooks: tuple[KillAt, ...]
-    stuck: tuple[tuple[int, int], ...] = ()  # (step, device) of POISE_TEST_HANG=sync:<step>:<device>
-    key: str = field(default_factory=lambda: f"poise-test-kill-{uuid.uuid4().hex}")  # this run's, in Ray's kv
-
-    def arm(self, device: int, version: int) -> "SyncKiller | None":
-        """Called by device `device` as it enters the sync of weights `version`: a running
-        SyncKiller if a hook asks for its death there and it has not died there yet."""
-        from ray.experimental import internal_kv
-
-        for hook in self.hooks:
-            note = self.note(hook)
-            if (hook.device, hook.step + 1) == (device, version) and not internal_kv._internal_kv_exists(note):
-                return SyncKiller(note, hook.after_s)
-        return None
-
-    def hang(self, device: int, version: int) -> None:
-        """Called by device `device` as it enters the sync of weights `version`: sleeps forever if
-        POISE_TEST_HANG asks for it there, once per run (its replacement syncs): the survivor that
-        gloo can leave in a broadcast with a dead peer until the collective timeout, made certain."""
-        from ray.experimental import internal_kv
-
-        for step, stuck in self.stuck:
-            note = f"{self.key}:hang:{step}:{stuck}"
-            if (stuck, step + 1) == (device, version) and not internal_kv._internal_kv_exists(note):
-                internal_kv._internal_kv_put(note, b"hung", overwrite=True)
-                while True:
-                    time.sleep(3600)
-
-    def note(self, hook: KillAt) -> str:
-        return f"{self.key}:{hook.step}:{hook.device}"
-
-    def killed_at(self) -> list[tuple[float, str]]:
-        """(wall time, where in the sync) of each kill that happened, read once each."""
-        from ray.experimental import internal_kv
-
-        out = []
-        for hook in self.hooks:
-            got = internal_kv._internal_kv_get(self.note(hook))
-            if got is not None and got != b"read":
-                when, where = got.decode().split("|")
-                out.append((float(when), where))
-                internal_kv._internal_kv_put(self.note(hook), b"read", overwrite=True)
-        return out
-
-
-def sync_kill_hook() -> SyncKills | None:
-    """The devices' own faults in a weight sync: POISE_TEST_KILL=sync:... and POISE_TEST_HANG=sync:..."""
-    hooks = tuple(h for h in kill_hooks() if h.phase == "sync")
-    hang = (hang_hook() or "").split(":")
-    stuck = ((int(hang[1]), int(hang[2])),) if len(hang) == 3 and hang[0] == "sync" else ()
-    return SyncKills(hooks, stuck) if hooks or stuck else None
-
-
-class SyncKiller:
-    """A device's death `after_s` into its weight sync: a timer thread SIGKILLs the process (as a
-    crash: no clean-up, no reply) unless `at_end` comes first, which kills it there."""
-
-    def __init__(self, note: str, after_s: float):
-        self.note, self._lock, self._done = note, threading.Lock(), False
-        self._armed = time.time()
-        self._timer = threading.Timer(after_s, self.kill, args=("in the sync",))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def kill(self, where: str) -> None:
-        from ray.experimental import internal_kv
-
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            now = time.time()
-            note = f"{now!r}|{(now - self._armed) * 1e3:.1f} ms {where}"
-            internal_kv._internal_kv_put(self.note, note.encode(), overwrite=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def at_end(self) -> None:
-        """The sync returned before the moment: die now, before its result is sent."""
-        self._timer.cancel()
-        self.kill("at the sync's end")
-
-
-class Injector:
-    """Kills a device's actor at each phase and step the test asked for (once each), with a real
-    ray.kill: the actor's process ends as if it crashed. `sync` kills are the devices' own
-    (SyncKills); their moments come back through `kill_time`."""
-
-    def __init__(self, sync_kills: SyncKills | None = None) -> None:
-        self.hooks = [h for h in kill_hooks() if h.phase != "sync"]
-        self.sync_kills = sync_kills
-        self.killed_at: float | None = None  # wall time of the last kill, to measure detection
-        self.where: str | None = None  # a sync kill's moment: "<ms> ms in the sync" or "... at the sync's end"
-
-    def at(self, rt, phase: str, step: int) -> None:
-        for h in [h for h in self.hooks if (h.phase, h.step) == (phase, step)]:
-            self.hooks.remove(h)
-            hosting.kill(rt.workers[h.device])
-            self.killed_at = time.time()
-
-    def kill_time(self) -> float | None:
-        """When the kill that a recovery follows happened (None if no test hook killed), read once;
-        `where` says the moment of a sync kill."""
-        kills = [(self.killed_at, None)] if self.killed_at is not None else []
-        kills += self.sync_kills.killed_at() if self.sync_kills else []
-        self.killed_at = None
-        when, self.where = max(kills, key=lambda kill: kill[0], default=(None, None))
-        return when

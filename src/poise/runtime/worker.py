@@ -18,11 +18,12 @@ import asyncio
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import ray
 
+from poise.injection import FaultInjector, NoFaults, install
 from poise.runtime.hosting import HostedDevice
 from poise.runtime.roles import EngineLoop, StagedSamples
 from poise.runtime.storage import FileEndpoint
@@ -44,10 +45,9 @@ class WorkerSpec:
     device: str  # "cpu" | "cuda"
     emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
-    test_hang: str | None = None  # runtime/faults.py POISE_TEST_HANG: <call>:<step>:<device>, tests only
     gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
     shard: str = "none"  # cluster.shard: none | optimizer | full (runtime/train_shard.py)
-    test_kill: object = None  # runtime/faults.py SyncKills: POISE_TEST_KILL=sync:..., tests only
+    faults: FaultInjector = field(default_factory=NoFaults)  # poise/injection.py: none unless a run injects them
     train_ranks: tuple[int, ...] = ()  # the train devices the actors start in (shard: full builds only its run)
 
 
@@ -59,8 +59,9 @@ class Device(FileEndpoint):
         self.rank = rank
         self.role: Role = "idle"
         self.version = 0
-        self.hang = _parse_hang(spec.test_hang, rank)
-        self.sync_kill = spec.test_kill
+        self.faults = spec.faults
+        if not isinstance(spec.faults, NoFaults):  # a given injector: this process's checkpoint writes see it too
+            install(spec.faults)
         build = _emulated_roles if spec.emulated is not None else _real_roles
         engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
@@ -107,7 +108,7 @@ class Device(FileEndpoint):
     # ---- rollout role -------------------------------------------------------------------------
     def submit(self, requests: list, cap: int) -> None:
         """Queue requests; at most `cap` are inside the engine at once (the dispatcher's cap)."""
-        self._maybe_hang("submit", [r.sample_id[0] for r in requests])
+        self.faults.before_submit(self.rank, [r.sample_id[0] for r in requests])
         self.loop.submit(requests, cap)
 
     def take(self, timeout: float, linger: float = 0.0) -> tuple[list, int, list[tuple[float, float]], int]:
@@ -184,7 +185,7 @@ class Device(FileEndpoint):
         fetched = iter(ray.get([x for _, x, _ in batches if not isinstance(x, StagedSamples)]))
         self.loop.wait_idle()
         samples = [self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched) for _, x, _ in batches]
-        self._maybe_hang("train", [s.sample_id[0] for batch in samples for s in batch])
+        self.faults.before_train(self.rank, [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
     def train_rounds(self, rounds: list, ranks: list[int]) -> list[dict]:
@@ -200,7 +201,7 @@ class Device(FileEndpoint):
                 continue
             j, x, adv = entry
             samples = self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched)
-            self._maybe_hang("train", [s.sample_id[0] for s in samples])
+            self.faults.before_train(self.rank, [s.sample_id[0] for s in samples])
             out.append(self.shard.train_round(j, samples, adv, ranks))
         return out
 
@@ -256,13 +257,9 @@ class Device(FileEndpoint):
         sender_ready = None
         if after:  # the leader's update record: when the sender entered the sync
             sender_ready = max(record["end"] for record in ray.get(after))
-        killer = None
-        if self.sync_kill is not None:  # the fault tests' death or hang in this sync (runtime/faults.py)
-            killer = self.sync_kill.arm(self.rank, version)
-            self.sync_kill.hang(self.rank, version)
+        self.faults.sync_started(self.rank, version)
         seconds = self.sync.publish(src, ranks, version, bucket_mb, sender_ready, sources)
-        if killer is not None:  # the sync ended before the kill's moment: it dies here, before answering
-            killer.at_end()
+        self.faults.sync_finished(self.rank, version)
         self.version = version
         return seconds
 
@@ -306,14 +303,6 @@ class Device(FileEndpoint):
             self.loop.with_engine(lambda engine: engine.release())
         finally:
             self.loop.close()
-
-    def _maybe_hang(self, call: str, steps: list[int]) -> None:
-        """The fault tests' hung worker: sleep forever in `call` for work of the hook's step."""
-        if self.hang is not None and self.hang[0] == call and self.hang[1] in steps:
-            import time
-
-            while True:
-                time.sleep(3600)
 
 
 @ray.remote
@@ -373,14 +362,6 @@ def start_devices(ranks: list[int], bundle, per_process: int, world_size: int, r
                                                                                        spec)
         handles += [HostedDevice(host, r) for r in chunk]
     return handles
-
-
-def _parse_hang(spec: str | None, rank: int) -> tuple[str, int] | None:
-    """POISE_TEST_HANG=<submit|train>:<step>:<device> -> (call, step) on that device, else None."""
-    if not spec:
-        return None
-    call, step, device = spec.split(":")
-    return (call, int(step)) if int(device) == rank else None
 
 
 def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, engine_call):

@@ -40,13 +40,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from poise.policy.allocator import DevicePlan, StepWorkload, allocate, plan_devices
 from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
-from poise.policy.cost import CostModel, instance_finish_times, percentile
+from poise.policy.cost import instance_finish_times, percentile
 from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
 from poise.policy.plan import StepPlan, plan_step, tail_shares
@@ -56,7 +55,9 @@ from poise.policy.split import Split, parse_splits
 from poise.policy.turns import episode_times
 from poise.runlog import RunLog
 from poise.schema import dump
+from poise.sim.pricing import make_cost
 from poise.sim.scenario import ScenarioConfig
+from poise.sim.summary import StepRecord, Summary, measured_break_even
 from poise.sim.workload import SimSample, make_workload
 
 
@@ -69,75 +70,6 @@ class _NullLog:
 
     def close(self) -> None:
         pass
-
-
-def make_cost(sc: ScenarioConfig, roles: tuple[str, str] | None = None) -> CostModel:
-    """The scenario's cost model; reads `cost.profile` JSON if one is named. With device types,
-    each role is priced on its type and weight sync on the link between their groups: `roles`
-    (rollout type, train type), default the scenario's (`ScenarioConfig.roles`; unplaced when
-    split: auto leaves them to the device planner)."""
-    cost = _written_cost(sc)
-    fleet, roles = sc.fleet(), roles or sc.roles()
-    return fleet.place(cost, *roles) if fleet is not None and roles is not None else cost
-
-
-def _written_cost(sc: ScenarioConfig) -> CostModel:
-    if sc.cost.profile:
-        import json
-
-        from poise.errors import PoiseError
-
-        path = Path(sc.cost.profile)
-        if not path.is_file():
-            raise PoiseError(f"cost.profile '{path}' does not exist; write one with `poise profile`")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise PoiseError(f"cost.profile '{path}' is not JSON ({e}); rerun `poise profile`") from None
-        return CostModel.from_profile(data, sc.cost)
-    return CostModel(sc.cost)
-
-
-@dataclass
-class StepRecord:
-    step: int
-    split: Split
-    gen_start: float
-    gen_end: float
-    train_start: float
-    train_end: float
-    rollout_s: float
-    train_s: float
-    sync_s: float
-    step_s: float
-    tokens: int
-    resize_s: float = 0.0
-
-
-@dataclass
-class Summary:
-    scenario: str
-    mode: str
-    steps: int
-    total_s: float
-    output_tokens: int
-    tokens_per_s: float
-    step_s_mean: float
-    step_s_median: float
-    rollout_s_mean: float
-    train_s_mean: float
-    idle_fraction: dict[str, float]
-    initial_split: list[int]
-    final_split: list[int]
-    resizes: list[dict[str, Any]] = field(default_factory=list)
-    break_even_steps: float | None = None  # predicted by the controller, first resize
-    break_even_steps_measured: float | None = None
-    joins: list[dict[str, Any]] = field(default_factory=list)  # elastic scale-out (scale:)
-    device_s: float = 0.0  # device-seconds held: the pool for the whole run, a joined device from its join
-    tokens_per_device_s: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 class Simulation:
@@ -636,17 +568,6 @@ class Simulation:
             s.break_even_steps_measured = measured_break_even(steps, first["decided_after_step"],
                                                               first["critical_path_s"])
         return s
-
-
-def measured_break_even(step_s: list[float], decided_after: int, cost_s: float, window: int = 5) -> float | None:
-    """Resize cost over the measured per-step gain: median step time of the `window` steps up to
-    the decision minus that of the `window` steps after the step that absorbed the resize."""
-    before = step_s[max(0, decided_after - window + 1): decided_after + 1]
-    after = step_s[decided_after + 2: decided_after + 2 + window]
-    if not before or not after:
-        return None
-    gain = statistics.median(before) - statistics.median(after)
-    return cost_s / gain if gain > 0 else math.inf
 
 
 def _mean_prompt_len(samples: list[SimSample]) -> int:

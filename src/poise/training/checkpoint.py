@@ -32,7 +32,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import struct
 import sys
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from poise import injection
 from poise.errors import PoiseError
 from poise.training.optim_state import place_state
 
@@ -53,10 +53,6 @@ PENDING_SAMPLES = "pending_samples.jsonl"
 MARKER = "latest"
 PARTIAL_PREFIX = ".tmp-"  # an unfinished save (or deletion): never a checkpoint
 STEP_DIR = re.compile(r"step_(\d{6,})")
-# Test hook, read only by the crash tests (tests/training/test_checkpoint_durable.py):
-# POISE_TEST_KILL_AT=<model|optimizer|state|marker>:<step> SIGKILLs this process right after
-# that file of the checkpoint of step <step> is written (before the checkpoint is complete).
-KILL_AT_ENV = "POISE_TEST_KILL_AT"
 
 
 @dataclass(frozen=True)
@@ -134,19 +130,19 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     else:
         save_hf_config(model, tmp)
         write_tensors(tmp / "model.safetensors", safetensors_order(weight_entries))
-    _test_kill("model", state.step)
+    injection.current().checkpoint_part_written("model", state.step)
     if "optimizer.safetensors" not in written:
         if optimizer_entries is None:
             optimizer_entries = optimizer_entries_of(model, optimizer)
         write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
-    _test_kill("optimizer", state.step)
+    injection.current().checkpoint_part_written("optimizer", state.step)
     for name, data in (extra or {}).items():
         (tmp / name).write_bytes(data)
     sizes = {name: (tmp / name).stat().st_size for name in [*CHECKPOINT_FILES[:-1], *(extra or {})]}
     rng = torch.get_rng_state().tolist()
     (tmp / "state.json").write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
                                                 "torch_rng": rng, "files": sizes, "sha256": file_digests(tmp)}) + "\n")
-    _test_kill("state", state.step)
+    injection.current().checkpoint_part_written("state", state.step)
     return commit_checkpoint(tmp, run_dir, state.step)
 
 
@@ -539,7 +535,7 @@ def _write_marker(root: Path, name: str, step: int) -> None:
     with open(tmp, "w") as f:
         f.write(name + "\n")
         f.flush()
-        _test_kill("marker", step)
+        injection.current().checkpoint_part_written("marker", step)
         os.fsync(f.fileno())
     os.replace(tmp, root / MARKER)
     _fsync(root)
@@ -594,10 +590,6 @@ def _fsync(path: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _test_kill(write: str, step: int) -> None:
-    if os.environ.get(KILL_AT_ENV) == f"{write}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # --- an async run's next samples ------------------------------------------------------------------

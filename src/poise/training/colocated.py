@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from poise import interrupt
+from poise import injection, interrupt
 from poise.algo.advantages import ready_advantages
 from poise.algo.shaping import overlong_penalty
 from poise.completions import Completions
@@ -247,6 +247,7 @@ def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_
 
 
 def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
+    injection.current()  # a POISE_FAULTS that does not load fails here, before any work
     run_dir = prepare_run_dir(cfg, resume)
     loop = ColocatedLoop(cfg, run_dir)
     try:
