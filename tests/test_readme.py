@@ -280,6 +280,7 @@ def test_the_quickstart_runs(tmp_path):
     run = tmp_path / "runs" / "mine"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1] and "eval" in rows[-1] and "reward/" + "exact" in " ".join(rows[0])
+    assert 0 <= rows[0]["clip_frac_responses"] <= 1  # reported from the train devices
     scores = json.loads((run / "eval.json").read_text())
     assert "pass@4" in json.dumps(scores), scores
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -287,4 +288,4 @@ def test_the_quickstart_runs(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "my-model-rl")
     assert AutoTokenizer.from_pretrained(tmp_path / "my-model-rl")("3+4=")["input_ids"]
     assert model.config.num_hidden_layers == 2
-    assert (run / "report.html").is_file()
+    assert (run / "report" / "index.html").is_file()
