@@ -135,7 +135,7 @@ def poise_step(batch, keys: dict, micro: int):
     loss.backward()
     row = step_stats(stats, [0.0])
     metric = row["clip_frac_responses"] if algo.ratio_level == "sequence" else row["clip_frac"]
-    return float(loss), logps.grad, metric
+    return float(loss.detach()), logps.grad, metric
 
 
 @pytest.fixture
