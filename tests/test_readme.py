@@ -238,20 +238,20 @@ def test_every_relative_link_names_a_file_in_the_repository():
 def _tiny_hf_model(path: Path) -> None:
     """A user's own model directory as HF writes it: a 2-layer Qwen2 in safetensors and a
     character-level fast tokenizer beside it."""
+    import torch
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     specials = ["<pad>", "<s>", "</s>", "<unk>"]
     chars = sorted(set("0123456789+-*= "))
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>")),
-                                        bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    chars_only = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=chars_only, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
     tokenizer.save_pretrained(path)
-    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=64, eos_token_id=2, bos_token_id=1,
-                         pad_token_id=0, tie_word_embeddings=True)
-    import torch
-
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
 

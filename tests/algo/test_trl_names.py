@@ -128,8 +128,8 @@ def poise_step(batch, keys: dict, micro: int):
                           clip_eps_high=algo.clip_eps_high, ratio_level=algo.ratio_level, agg=algo.loss_agg,
                           max_response=algo.sampling.max_new_tokens)
         results.append(out)
-        stats.append(MicroStats(float(out.total.detach()), out.normaliser, out.clipped_tokens, 0.0, int(mask[part].sum()),
-                                clipped_responses=out.clipped_responses, responses=micro))
+        stats.append(MicroStats(float(out.total.detach()), out.normaliser, out.clipped_tokens, 0.0,
+                                int(mask[part].sum()), clipped_responses=out.clipped_responses, responses=micro))
     normaliser = sum(r.normaliser for r in results)  # the step plan's loss_normaliser: lengths only
     loss = sum(r.total for r in results) / normaliser
     loss.backward()
