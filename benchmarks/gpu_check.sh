@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU acceptance check, one command on a machine with one NVIDIA GPU (README, "GPUs"):
+# The GPU acceptance check, one command on a machine with one NVIDIA GPU (docs/gpus.md):
 #
 #     benchmarks/gpu_check.sh            # uses .venv/bin/python; PYTHON=... to use another
 #
@@ -35,7 +35,7 @@
 #
 # It prints a table of the steps and exits non-zero if any failed. The runs go to a scratch
 # directory (GPU_CHECK_DIR=... to keep them). The CPU venv that `make env` builds has a CPU-only
-# torch: install a CUDA build of the same torch version first (README, "GPUs").
+# torch: install a CUDA build of the same torch version first (docs/gpus.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -45,7 +45,7 @@ mkdir -p "$WORK"
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     build=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "no torch")
     echo "gpu_check: no CUDA device visible to torch ($build, via $PY); run it on a machine with a GPU" \
-         "and a CUDA build of torch (README, GPUs)" >&2
+         "and a CUDA build of torch (docs/gpus.md)" >&2
     exit 1
 fi
 "$PY" -c 'import torch; print(f"gpu_check: torch {torch.__version__}, CUDA {torch.version.cuda}, "

@@ -1,11 +1,16 @@
-"""README.md's snippets, as written: the reward file and its config score the dataset they name
-(through the reward sandbox), every YAML snippet loads as a `poise train` config, and every shell
-command names a make target or a `poise` command whose arguments and config load. (The commands
-are not run to the end: `make demo` alone takes minutes; their first seconds are what a typo
-breaks. A pip install from a wheel index is checked against the Makefile's pin, not run.)"""
+"""README.md's and docs/*.md's snippets, as written: the quickstart trains, evaluates, exports and
+reports on a model, data and reward of its own; the reward file and its config score the dataset
+they name (through the reward sandbox); every YAML snippet loads as a `poise train` config; every
+shell command names a make target or a `poise` command whose arguments and config load; the
+command table lists every `poise` command; every relative link names a file in the repository.
+(The other commands are not run to the end: `make demo` alone takes minutes; their first seconds
+are what a typo breaks. A pip install from a wheel index is checked against the Makefile's pin,
+not run.)"""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
@@ -19,15 +24,21 @@ from poise.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# the pages whose snippets are whole files, configs and commands (docs/episodes.md and docs/tools.md
+# show fragments: a section of a config, a call inside a function)
+PAGES = {"README.md": README, **{f"docs/{name}.md": (ROOT / "docs" / f"{name}.md").read_text() for name in (
+    "installing", "configuration", "losses", "data-and-rewards", "environments", "training", "resizing", "faults",
+    "vllm", "gpus", "simulator", "benchmark-scripts", "limitations")}}
+QUICKSTART = "# my-run.yaml"  # the quickstart's config: its commands run in test_the_quickstart_runs
 
 
 def _blocks(lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.M | re.S)
+    return [b for text in PAGES.values() for b in re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.M | re.S)]
 
 
 def _one(lang: str, marker: str) -> str:
     found = [b for b in _blocks(lang) if marker in b]
-    assert len(found) == 1, f"README has {len(found)} ```{lang} blocks holding {marker!r}"
+    assert len(found) == 1, f"README and docs have {len(found)} ```{lang} blocks holding {marker!r}"
     return found[0]
 
 
@@ -36,7 +47,7 @@ def reward_project(tmp_path, monkeypatch):
     """The README's reward file and config in a directory of their own, with the data file the
     config names: the package's GSM8K sample (`question`, `answer` ending in `#### N`)."""
     (tmp_path / "my_rewards.py").write_text(_one("python", "# my_rewards.py"))
-    (tmp_path / "config.yaml").write_text(_one("yaml", "reward:"))
+    (tmp_path / "config.yaml").write_text(_one("yaml", "my_rewards:concise"))
     (tmp_path / "data").mkdir()
     shutil.copy(ROOT / "src/poise/data/samples/gsm8k_sample.jsonl", tmp_path / "data" / "train.jsonl")
     monkeypatch.chdir(tmp_path)  # `my_rewards:concise` is found from the working directory
@@ -68,6 +79,8 @@ def test_the_reward_snippet_scores_its_own_dataset(reward_project):
 
 def test_every_yaml_snippet_loads_as_a_config(reward_project):
     for i, block in enumerate(_blocks("yaml")):
+        if QUICKSTART in block:  # its model directory is the quickstart test's
+            continue
         path = reward_project / f"snippet{i}.yaml"
         path.write_text(block)
         load_train_config(str(path), [])  # unknown keys, wrong types: PoiseError
@@ -118,6 +131,8 @@ def test_the_environment_snippet_trains_episodes(tmp_path, monkeypatch):
 def _commands() -> list[list[str]]:
     out = []
     for block in _blocks("bash"):
+        if "my-run.yaml" in block:  # the quickstart's: run in its own directory by test_the_quickstart_runs
+            continue
         for line in block.splitlines():
             line = line.split("  #")[0].strip()
             if line and not line.startswith("#"):
@@ -195,3 +210,82 @@ def test_readme_states_the_scope_of_the_bitwise_promise():
     text = " ".join(README.split())
     for words in ("same device type", "threads per device", "library versions"):
         assert words in text, words
+
+
+def test_the_command_table_lists_every_cli_command():
+    """The README's table of commands names each `poise` subcommand once, and no other."""
+    from poise.cli import SUBCOMMANDS
+
+    section = README.split("\n## Commands\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `poise (\w+)", section, flags=re.M)
+    assert sorted(listed) == sorted(SUBCOMMANDS), (listed, sorted(SUBCOMMANDS))
+
+
+def test_every_relative_link_names_a_file_in_the_repository():
+    """README.md's and every docs/*.md page's markdown links (and images) that are not URLs."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    checked = 0
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://|mailto:|#", target):
+                continue
+            path = (page.parent / target.split("#")[0]).resolve()
+            assert path.exists() and ROOT in path.parents, f"{page.relative_to(ROOT)} links to {target}: no such file"
+            checked += 1
+    assert checked >= 20
+
+
+def _tiny_hf_model(path: Path) -> None:
+    """A user's own model directory as HF writes it: a 2-layer Qwen2 in safetensors and a
+    character-level fast tokenizer beside it."""
+    import torch
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    chars = sorted(set("0123456789+-*= "))
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    chars_only = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=chars_only, bos_token="<s>", eos_token="</s>",
+                                        pad_token="<pad>", unk_token="<unk>")
+    tokenizer.save_pretrained(path)
+    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_quickstart_runs(tmp_path):
+    """The quickstart as written, in a directory of its own: its rows as train.jsonl and eval.jsonl,
+    its reward file and config, a model directory this test builds; then each of its commands
+    (`poise train` cut to 2 steps), and what each says it leaves behind."""
+    (tmp_path / "train.jsonl").write_text(_one("jsonl", '"prompt"'))
+    (tmp_path / "eval.jsonl").write_text(_one("jsonl", '"prompt"'))
+    (tmp_path / "my_reward.py").write_text(_one("python", "# my_reward.py"))
+    (tmp_path / "my-run.yaml").write_text(_one("yaml", QUICKSTART))
+    _tiny_hf_model(tmp_path / "my-model")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    commands = [shlex.split(line.split("  #")[0]) for line in _one("bash", "poise train my-run.yaml").splitlines()
+                if line.strip()]
+    assert [argv[:2] for argv in commands] == [["poise", "train"], ["poise", "eval"], ["poise", "export"],
+                                               ["poise", "report"]]
+    commands[0] += ["run.steps=2", "run.progress=false"]  # 20 steps on 2 cores: minutes; 2 show the same path
+    for argv in commands:
+        done = subprocess.run([sys.executable, "-m", "poise", *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-3000:])
+    run = tmp_path / "runs" / "mine"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and "eval" in rows[-1] and "reward/" + "exact" in " ".join(rows[0])
+    assert 0 <= rows[0]["clip_frac_responses"] <= 1  # reported from the train devices
+    scores = json.loads((run / "eval.json").read_text())
+    assert "pass@4" in json.dumps(scores), scores
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "my-model-rl")
+    assert AutoTokenizer.from_pretrained(tmp_path / "my-model-rl")("3+4=")["input_ids"]
+    assert model.config.num_hidden_layers == 2
+    assert (run / "report" / "index.html").is_file()

@@ -255,13 +255,18 @@ class AlgorithmConfig:
               "seq-mean-token-mean); sequence_sum: sum per response, mean over responses (verl "
               "seq-mean-token-sum); constant: sum over tokens / (responses x sampling.max_new_tokens) "
               "(Dr. GRPO; TRL dr_grpo); null = the preset's")
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] | None = help_field(
+    advantage: Literal["grpo", "grpo_batch", "dr_grpo", "rloo", "reinforce_pp"] | None = help_field(
         None, "outcome advantage of each response: grpo (centred in its group, divided by the group's std); "
-              "dr_grpo (centred only); rloo (minus the mean of the group's other rewards); reinforce_pp "
-              "(centred in its group, then divided by the std of the step's batch: training waits for every "
-              "reward of the step); null = the preset's, or dr_grpo where scale_rewards is false")
-    scale_rewards: bool = help_field(True, "divide group-centred rewards by the group's std (GRPO); false = "
-                                           "advantage dr_grpo (the older spelling of algorithm.advantage)")
+              "grpo_batch (centred in its group, divided by the std of every reward of the step: TRL's "
+              "scale_rewards batch; training waits for every reward of the step); dr_grpo (centred only); rloo "
+              "(minus the mean of the group's other rewards); reinforce_pp (centred in its group, then divided "
+              "by the std of the step's centred values: training waits for every reward of the step); null = "
+              "the preset's, or what scale_rewards names")
+    scale_rewards: bool | Literal["group", "batch", "none"] = help_field(
+        True, "TRL's spelling of algorithm.advantage: true or group = advantage grpo, batch = grpo_batch, "
+              "false or none = dr_grpo")
+    std_eps: float = help_field(1e-6, "added to the std that grpo, grpo_batch and reinforce_pp divide by (TRL "
+                                      "adds 1e-4: set 1e-4 to match it)")
     dynamic_sampling: bool = help_field(False, "DAPO's dynamic sampling: a prompt group whose rewards are all equal "
                                                "(no advantage) is dropped as soon as it is scored and another prompt "
                                                "is drawn in its place, until the step has prompts_per_step groups "
@@ -310,6 +315,7 @@ class AlgorithmConfig:
         check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
         check(self.max_grad_norm >= 0, "max_grad_norm", self.max_grad_norm, "must be >= 0 (0 disables)")
         check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+        check(0 < self.std_eps <= 1, "std_eps", self.std_eps, "must be in (0, 1], e.g. 1e-6 (TRL: 1e-4)")
         self._resolve_loss_preset()
         check(0 < self.clip_eps_low < 1, "clip_eps_low", self.clip_eps_low, "must be in (0, 1), e.g. 0.2")
         check(self.clip_eps_high >= self.clip_eps_low, "clip_eps_high", self.clip_eps_high,
@@ -336,9 +342,11 @@ class AlgorithmConfig:
         """Fill each loss knob left null from the `loss` preset (a knob set explicitly wins), so the
         resolved config (RUN_DIR/config.yaml) names every knob and loads back to the same run."""
         preset = LOSS_PRESETS[self.loss]
-        scale = self.scale_rewards
-        check(scale or self.advantage in (None, "dr_grpo", "rloo", "reinforce_pp"), "scale_rewards", scale,
-              "false means advantage dr_grpo, but algorithm.advantage is grpo; drop one of them")
+        scale = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        named = {"none": "dr_grpo", "batch": "grpo_batch"}.get(scale)  # what a scale_rewards other than group spells
+        check(named is None or self.advantage in (None, named, "rloo", "reinforce_pp"), "scale_rewards",
+              self.scale_rewards, f"means advantage {named}, but algorithm.advantage is {self.advantage}; drop one "
+                                  "of them")
         values = {
             "clip_eps_low": self.clip_eps_low if self.clip_eps_low is not None else preset.get("clip_eps_low",
                                                                                              self.clip_eps),
@@ -346,9 +354,9 @@ class AlgorithmConfig:
                                                                                                 self.clip_eps),
             "ratio_level": self.ratio_level or preset.get("ratio_level", "token"),
             "loss_agg": self.loss_agg or preset.get("loss_agg", "token"),
-            "advantage": self.advantage or ("dr_grpo" if not scale else preset.get("advantage", "grpo")),
+            "advantage": self.advantage or named or preset.get("advantage", "grpo"),
         }
-        values["scale_rewards"] = values["advantage"] == "grpo"
+        values["scale_rewards"] = "batch" if values["advantage"] == "grpo_batch" else values["advantage"] == "grpo"
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -841,7 +849,10 @@ FOREIGN_KEYS = {
     "clip_ratio": "verl's clip_ratio is algorithm.clip_eps",
     "clip_ratio_low": "verl's clip_ratio_low is algorithm.clip_eps_low",
     "clip_ratio_high": "verl's clip_ratio_high is algorithm.clip_eps_high",
-    "loss_type": "TRL's loss_type is algorithm.loss (grpo, dapo, dr_grpo, gspo) and algorithm.loss_agg",
+    "loss_type": "TRL's loss_type is algorithm.loss_agg: its grpo (a mean per response) is loss_agg=sequence, not "
+                 "algorithm.loss=grpo (a mean over every token of the step: TRL's dapo with epsilon_high = epsilon); "
+                 "its dapo is loss_agg=token, its dr_grpo loss_agg=constant; its bnpo has no equivalent (use "
+                 "loss_agg=token)",
     "loss_agg_mode": "verl's loss_agg_mode is algorithm.loss_agg (token-mean = token, seq-mean-token-mean = "
                      "sequence, seq-mean-token-sum = sequence_sum, seq-mean-token-sum-norm = constant)",
     "adv_estimator": "verl's adv_estimator is algorithm.advantage (grpo, dr_grpo, rloo, reinforce_pp)",
@@ -875,6 +886,12 @@ FOREIGN_KEYS = {
 }
 
 
+# TRL's bnpo divides each micro-batch by its own token count: its update depends on how the batch
+# is cut into micro-batches, which Poise keeps free (any split, any number of train devices).
+BNPO_REFUSAL = ("TRL's bnpo divides each micro-batch by its own token count, so its update depends on how the "
+                "batch is cut into micro-batches; use algorithm.loss_agg=token (the step's token count, TRL's dapo)")
+
+
 def load_train_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
     """The config of YAML file `path` (None: the defaults) with dotted `overrides` applied."""
     data = read_yaml(path) if path is not None else {}
@@ -887,6 +904,8 @@ def build_train_config(data: Mapping[str, Any]) -> TrainConfig:
     try:
         return build(TrainConfig, data)
     except ConfigError as e:
+        if e.key in ("algorithm.loss", "algorithm.loss_agg") and e.value == "bnpo":
+            raise ConfigError(e.key, e.value, BNPO_REFUSAL) from None
         foreign = FOREIGN_KEYS.get(e.key.rpartition(".")[2])
         if foreign is None or not e.allowed.startswith("unknown key"):
             raise

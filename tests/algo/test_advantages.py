@@ -48,3 +48,15 @@ def test_ready_advantages_complete_a_group_or_the_step():
     got = ready_advantages("reinforce_pp", rewards, (3, 1, 1), 2, 2)
     s = math.sqrt(0.5 / 3)
     assert got == pytest.approx({(3, 0, 0): 0.5 / s, (3, 0, 1): -0.5 / s, (3, 1, 0): 0.0, (3, 1, 1): 0.0}, abs=1e-5)
+
+
+def test_grpo_batch_by_hand():
+    # groups [1, 0] and [1, 1]: centred [0.5, -0.5] and [0, 0]; the rewards 1, 0, 1, 1 have mean 0.75
+    # and unbiased std sqrt((3 x 0.0625 + 0.5625) / 3) = 0.5 -> 0.5 / 0.5 = 1
+    assert outcome_advantages("grpo_batch", [[1.0, 0.0], [1.0, 1.0]], eps=0.0) == [[1.0, -1.0], [0.0, 0.0]]
+    # the whole step at once: nothing before the step's last reward
+    rewards = {(0, 0, 0): 1.0, (0, 0, 1): 0.0, (0, 1, 0): 1.0}
+    assert ready_advantages("grpo_batch", rewards, (0, 0, 1), 2, 2) == {}
+    rewards[(0, 1, 1)] = 1.0
+    assert ready_advantages("grpo_batch", rewards, (0, 1, 1), 2, 2, eps=0.0) == {
+        (0, 0, 0): 1.0, (0, 0, 1): -1.0, (0, 1, 0): 0.0, (0, 1, 1): 0.0}

@@ -44,10 +44,13 @@ def test_normaliser_and_step_stats_by_hand():
     assert loss_normaliser([[3, 5], [2]], "sequence") == 3.0
     with pytest.raises(ConfigError, match="loss_agg"):
         loss_normaliser([[1]], "mean")
-    micro = [MicroStats(loss_sum=2.0, normaliser=8.0, clipped_tokens=2, kl_sum=0.4, tokens=8, entropy_sum=6.0),
-             MicroStats(loss_sum=1.0, normaliser=2.0, clipped_tokens=0, kl_sum=0.1, tokens=2, entropy_sum=1.0)]
+    micro = [MicroStats(loss_sum=2.0, normaliser=8.0, clipped_tokens=2, kl_sum=0.4, tokens=8, entropy_sum=6.0,
+                        clipped_responses=1, responses=2),
+             MicroStats(loss_sum=1.0, normaliser=2.0, clipped_tokens=0, kl_sum=0.1, tokens=2, entropy_sum=1.0,
+                        clipped_responses=0, responses=1)]
     assert step_stats(micro, [0.5, 1.5]) == pytest.approx({"loss": 0.3, "grad_norm": 1.0, "clip_frac": 0.2,
-                                                           "kl": 0.05, "entropy": 0.7})  # no mismatch measured
+                                                           "clip_frac_responses": 1 / 3, "kl": 0.05,
+                                                           "entropy": 0.7})  # no mismatch measured
 
 
 def test_pack_rows_first_fit_decreasing_by_hand():

@@ -3,7 +3,7 @@ holding every micro-batch, and three splitting them; every split is compared for
 test_runtime.py).
 
 Each variant sets knobs off their defaults on every path that could diverge across splits: the
-trainer group's advantages (reinforce_pp waits for the whole step; rloo per group), its loss
+trainer group's advantages (reinforce_pp and grpo_batch wait for the whole step; rloo per group), its loss
 normaliser (constant, sequence), the loss on each train device (clip-higher, sequence ratio, a
 KL estimator other than k3 with its reference model, the entropy bonus) and the rewards (overlong
 shaping), the old log-probs (recomputed by the trainer, over two updates a step) with truncated
@@ -30,6 +30,9 @@ VARIANTS = {
                                               "algorithm.kl_estimator=k2", "algorithm.entropy_coef=0.01",
                                               "algorithm.advantage=reinforce_pp", "algorithm.loss_agg=constant"],
     "gspo-rloo-overlong": ["algorithm.loss=gspo", "algorithm.advantage=rloo", "algorithm.overlong_buffer=4"],
+    # TRL's scale_rewards batch (the step's std: waits for the whole step), its 1e-4, its grpo aggregation
+    "trl-batch-std-sequence": ["algorithm.scale_rewards=batch", "algorithm.std_eps=1e-4",
+                               "algorithm.loss_agg=sequence"],
     # cap 1: every weight above 1 is cut (Poise's engine and trainer differ by ~1e-7 in fp32); two
     # updates a step: the second mini-batch's old log-probs come from each device's step-start copy
     "recompute-tis-token": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is=token",

@@ -16,7 +16,10 @@ from typing import Mapping, Sequence
 SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
 
 
-def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 1e-6) -> list[float]:
+STD_EPS = 1e-6  # algorithm.std_eps's default (TRL adds 1e-4)
+
+
+def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = STD_EPS) -> list[float]:
     """(r - mean) / (std + eps) for each reward of one group, with the unbiased std (DeepSeekMath
     §4.1.2), or only centred when `scale` is False (Dr. GRPO). Equal rewards give 0 each."""
     n = len(rewards)
@@ -30,10 +33,28 @@ def group_advantages(rewards: Sequence[float], scale: bool = True, eps: float = 
     return [c / (std + eps) for c in centred]
 
 
-ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")  # algorithm.advantage
-# Estimators that whiten over the whole step's batch: a step's advantages exist only once every
+ADVANTAGES = ("grpo", "grpo_batch", "dr_grpo", "rloo", "reinforce_pp")  # algorithm.advantage
+# Estimators that scale by the whole step's batch: a step's advantages exist only once every
 # reward of the step is in, so the trainer starts no micro-batch before then (no streaming overlap).
-STEP_SCOPED = frozenset({"reinforce_pp"})
+STEP_SCOPED = frozenset({"grpo_batch", "reinforce_pp"})
+
+
+def batch_scaled_advantages(groups: Sequence[Sequence[float]], eps: float = STD_EPS) -> list[list[float]]:
+    """Each reward minus its group's mean, divided by the std (unbiased) of every reward of the
+    batch (every group given): TRL's `scale_rewards="batch"` (its `_generate_and_score_completions`;
+    Hu et al. 2025 argue a batch std is the more robust scale). The rewards themselves are scaled,
+    not the centred values (REINFORCE++'s choice): a batch whose groups sit at different levels has
+    a larger std here."""
+    centred = []
+    for rewards in groups:
+        if len(rewards) < 2:
+            raise ValueError(f"a prompt group needs group_size >= 2 rewards, got {len(rewards)}")
+        mean = math.fsum(rewards) / len(rewards)
+        centred.append([r - mean for r in rewards])
+    flat = [r for rewards in groups for r in rewards]
+    mean = math.fsum(flat) / len(flat)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in flat) / (len(flat) - 1))
+    return [[c / (std + eps) for c in group] for group in centred]
 
 
 def rloo_advantages(rewards: Sequence[float]) -> list[float]:
@@ -46,7 +67,7 @@ def rloo_advantages(rewards: Sequence[float]) -> list[float]:
     return [r - (total - r) / (n - 1) for r in rewards]
 
 
-def reinforce_pp_advantages(groups: Sequence[Sequence[float]], eps: float = 1e-6) -> list[list[float]]:
+def reinforce_pp_advantages(groups: Sequence[Sequence[float]], eps: float = STD_EPS) -> list[list[float]]:
     """REINFORCE++ with the group-mean baseline (Hu et al. 2025, §3; verl's
     `reinforce_plus_plus_baseline`): each reward minus its group's mean, then the centred values of
     the whole batch (every group given) divided by their std (unbiased) after subtracting their
@@ -63,22 +84,26 @@ def reinforce_pp_advantages(groups: Sequence[Sequence[float]], eps: float = 1e-6
     return [[(c - mean) / (std + eps) for c in group] for group in centred]
 
 
-def outcome_advantages(estimator: str, groups: Sequence[Sequence[float]]) -> list[list[float]]:
+def outcome_advantages(estimator: str, groups: Sequence[Sequence[float]], eps: float = STD_EPS) -> list[list[float]]:
     """The advantages of `groups` (each one prompt's rewards, in sample order) by `estimator`:
-    grpo (centred, divided by the group's std), dr_grpo (centred only; Liu et al. 2025, Dr. GRPO),
-    rloo (leave-one-out baseline) or reinforce_pp (group baseline, batch std: pass the step's
-    every group). Group estimators compute each group on its own (see the module docstring)."""
+    grpo (centred, divided by the group's std), grpo_batch (centred, divided by the batch's std:
+    pass the step's every group), dr_grpo (centred only; Liu et al. 2025, Dr. GRPO), rloo
+    (leave-one-out baseline) or reinforce_pp (group baseline, batch std: pass the step's every
+    group). `eps` is added to each std. Group estimators compute each group on its own (see the
+    module docstring)."""
     if estimator == "reinforce_pp":
-        return reinforce_pp_advantages(groups)
+        return reinforce_pp_advantages(groups, eps)
+    if estimator == "grpo_batch":
+        return batch_scaled_advantages(groups, eps)
     if estimator in ("grpo", "dr_grpo"):
-        return [group_advantages(g, scale=estimator == "grpo") for g in groups]
+        return [group_advantages(g, scale=estimator == "grpo", eps=eps) for g in groups]
     if estimator == "rloo":
         return [rloo_advantages(g) for g in groups]
     raise ValueError(f"unknown advantage estimator {estimator!r}; allowed: {', '.join(ADVANTAGES)}")
 
 
 def ready_advantages(estimator: str, rewards: Mapping[SampleId, float], sid: SampleId, group_size: int,
-                     prompts: int) -> dict[SampleId, float]:
+                     prompts: int, eps: float = STD_EPS) -> dict[SampleId, float]:
     """The advantages that the arrival of `sid`'s reward completes (empty if none): its prompt
     group's once the group's rewards are all in, or, for a step-scoped estimator, the step's
     once all its `prompts` x `group_size` rewards are. `rewards`: every reward of the step so far.
@@ -92,5 +117,5 @@ def ready_advantages(estimator: str, rewards: Mapping[SampleId, float], sid: Sam
         ids = [[(step, prompt, j) for j in range(group_size)]]
     if not all(g in rewards for group in ids for g in group):
         return {}
-    values = outcome_advantages(estimator, [[rewards[g] for g in group] for group in ids])
+    values = outcome_advantages(estimator, [[rewards[g] for g in group] for group in ids], eps)
     return {g: a for group, adv in zip(ids, values) for g, a in zip(group, adv)}

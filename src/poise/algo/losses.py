@@ -153,6 +153,7 @@ class PolicyLoss:
     normaliser: float  # what `total` is divided by for the whole step (tokens or responses)
     clipped_tokens: int
     kl_sum: float
+    clipped_responses: int = 0  # responses with a clipped token (ratio_level sequence: whose ratio was clipped)
 
 
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -194,7 +195,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
             raise ValueError("entropy_coef > 0 needs the entropy of each response token")
         per_token = per_token - entropy_coef * entropy
     total, normaliser = aggregate(per_token, mask, agg, max_response)
-    return PolicyLoss(total, normaliser, int((clipped & mask.bool()).sum()), kl_sum)
+    clipped = clipped & mask.bool()
+    return PolicyLoss(total, normaliser, int(clipped.sum()), kl_sum, int(clipped.any(dim=1).sum()))
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,

@@ -77,7 +77,7 @@ def _section(obj: Any, indent: str, lines: list[str]) -> None:
             comment += f" [now: {_scalar(value)}, from loss {obj.loss}]"
             value = None
         elif isinstance(obj, AlgorithmConfig) and f.name == "scale_rewards":
-            value = True  # false only spells advantage dr_grpo, which `advantage` carries (or its preset fills)
+            value = True  # false or batch only spells an advantage, which `advantage` carries (or its preset fills)
         for line in textwrap.wrap(comment, WIDTH - len(indent) - 2, break_on_hyphens=False):
             lines.append(f"{indent}# {line}")
         lines.append(f"{indent}{f.name}: {_scalar(value)}")

@@ -195,11 +195,13 @@ class MicroStats:
     tokens: int  # its response tokens
     entropy_sum: float = 0.0  # summed policy entropy over its response tokens (a metric; no gradient)
     mismatch: MismatchStats = MismatchStats()  # its share of the rollout/trainer log-prob mismatch
+    clipped_responses: int = 0  # responses with a token the clip cut (sequence ratios: whose ratio it cut)
+    responses: int = 0  # its responses
 
 
 def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict[str, float]:
     """A step's training statistics: the loss over the step's normaliser, the mean gradient norm of
-    its updates (before clipping), the clipped share of response tokens, the mean KL and policy
+    its updates (before clipping), the clipped share of response tokens and of responses, the mean KL and policy
     entropy per response token, and the rollout/trainer mismatch (`mismatch/...`, policy/mismatch.py).
     `micro` in micro-batch index order (mini-batch by mini-batch), so the sums are the same
     whoever computes them."""
@@ -208,6 +210,8 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
         "loss": sum(m.loss_sum for m in micro) / max(1e-12, sum(m.normaliser for m in micro)),
         "grad_norm": sum(grad_norms) / len(grad_norms),
         "clip_frac": sum(m.clipped_tokens for m in micro) / tokens,
+        # TRL's clip_ratio/region_mean under sequence-level ratios counts sequences, not tokens
+        "clip_frac_responses": sum(m.clipped_responses for m in micro) / max(1, sum(m.responses for m in micro)),
         "kl": sum(m.kl_sum for m in micro) / tokens,
         "entropy": sum(m.entropy_sum for m in micro) / tokens,
         **mismatch_metrics([m.mismatch for m in micro]),

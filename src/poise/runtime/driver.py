@@ -182,8 +182,8 @@ class Runtime:
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
-                                    algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s, lockstep=self.full, **self.helpers())
+                                    algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg, c.step_timeout_s,
+                                    lockstep=self.full, std_eps=algo.std_eps, **self.helpers())
 
     @property
     def sharded(self) -> bool:

@@ -187,6 +187,7 @@ class TorchTrainShard:
         return {"index": result.index, "loss_sum": result.loss_sum, "normaliser": result.normaliser,
                 "clipped": result.clipped_tokens, "kl_sum": result.kl_sum, "tokens": result.tokens,
                 "entropy_sum": result.entropy_sum, "mismatch": result.mismatch,  # ~200 ints of histogram at most
+                "clipped_responses": result.clipped_responses, "responses": result.responses,
                 "start": start, "end": time.time(), "device": self.rank, "held_grads": held_grads}
 
     def train_round(self, index: int | None, samples, advantages, ranks: list[int]) -> dict | None:

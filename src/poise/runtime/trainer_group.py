@@ -15,7 +15,7 @@ from typing import Sequence
 
 import ray
 
-from poise.algo.advantages import ready_advantages
+from poise.algo.advantages import STD_EPS, ready_advantages
 from poise.errors import PoiseError
 from poise.policy.mismatch import MismatchStats
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
@@ -66,8 +66,9 @@ class TrainerGroup:
 
     def __init__(self, workers: Sequence[object], ranks: Sequence[int], advantage: str, streaming: bool,
                  loss_agg: str, step_timeout_s: float = 600.0, helpers: Sequence[object] = (),
-                 helper_ranks: Sequence[int] = (), lockstep: bool = False):
+                 helper_ranks: Sequence[int] = (), lockstep: bool = False, std_eps: float = STD_EPS):
         self.advantage, self.streaming, self.loss_agg = advantage, streaming, loss_agg
+        self.std_eps = std_eps  # algorithm.std_eps: added to the std an advantage divides by
         self.lockstep = lockstep  # cluster.shard: full: micro-batches go in rounds (`_dispatch_rounds`)
         self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
         self.set_devices(workers, ranks, helpers, helper_ranks)
@@ -146,7 +147,7 @@ class TrainerGroup:
                 same = len(put) == len(samples) and all(a is b for a, b in zip(put, samples))
                 self.staged[(u, j)] = ref if same else ray.put(samples)
             self.advantages.update(ready_advantages(self.advantage, self.rewards, sid, self.plan.group_size,
-                                                    self.plan.prompts))
+                                                    self.plan.prompts, self.std_eps))
         if self.streaming or self.ledger.complete:
             self._dispatch_ready()
         self._stage_ahead()
@@ -293,6 +294,7 @@ class TrainerGroup:
             wait([ref for _, ref in self.contribute_refs], [rank for rank, _ in self.contribute_refs], what,
                  self.step_timeout_s, role="train")
         stats = step_stats([MicroStats(m["loss_sum"], m["normaliser"], m["clipped"], m["kl_sum"], m["tokens"],
-                                       m.get("entropy_sum", 0.0), m.get("mismatch", MismatchStats()))
+                                       m.get("entropy_sum", 0.0), m.get("mismatch", MismatchStats()),
+                                       m.get("clipped_responses", 0), m.get("responses", 0))
                             for m in micro], [u[0]["grad_norm"] for u in updates])
         return stats, micro, [u for per_device in updates for u in per_device]

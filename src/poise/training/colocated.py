@@ -153,7 +153,7 @@ class ColocatedLoop:
         out: dict[SampleId, float] = {}
         for i in range(n_prompts):  # group by group (or the step at once), as the runtime's trainer group does
             out.update(ready_advantages(algo.advantage, rewards, (step, i, algo.group_size - 1), algo.group_size,
-                                        n_prompts))
+                                        n_prompts, algo.std_eps))
         return out
 
     def train(self, samples, advantages: dict[SampleId, float]) -> dict:

@@ -56,7 +56,7 @@ def check_device(cluster: ClusterConfig, colocated: bool) -> None:
     if not torch.cuda.is_available():
         build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
         raise PoiseError(f"cluster.device=cuda but no CUDA device is usable here ({build}); install a CUDA build "
-                         "of torch on a machine with GPUs (README, GPUs), or set cluster.device=cpu")
+                         "of torch on a machine with GPUs (docs/gpus.md), or set cluster.device=cpu")
     if not colocated and cluster.gpus_per_device >= 1 and not (dist.is_available() and dist.is_nccl_available()):
         raise PoiseError(f"cluster.device=cuda but torch {torch.__version__} has no NCCL built in (the train "
                          "group's backend between whole GPUs); install a CUDA build of torch with NCCL, or set "
@@ -72,7 +72,7 @@ def run_device(device: str) -> torch.device:
     except (AssertionError, RuntimeError) as e:  # a CPU-only build raises AssertionError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PoiseError(f"cluster.device={device}, but torch {torch.__version__} cannot use it here ({first}); "
-                         "install a CUDA build of torch (README, GPUs) or set cluster.device=cpu") from None
+                         "install a CUDA build of torch (docs/gpus.md) or set cluster.device=cpu") from None
     return target
 
 

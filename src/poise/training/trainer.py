@@ -62,6 +62,8 @@ class MicroBatchResult:
     shapes: tuple[torch.Size, ...] = ()  # of the parameters, to view flat_grad per parameter
     entropy_sum: float = 0.0  # summed policy entropy over the response tokens (a metric)
     mismatch: MismatchStats = MismatchStats()  # the rollout/trainer log-prob mismatch (a metric)
+    clipped_responses: int = 0  # responses with a clipped token
+    responses: int = 0
 
     @property
     def grads(self) -> list[torch.Tensor]:
@@ -70,7 +72,7 @@ class MicroBatchResult:
 
     def stats(self) -> MicroStats:
         return MicroStats(self.loss_sum, self.normaliser, self.clipped_tokens, self.kl_sum, self.tokens,
-                          self.entropy_sum, self.mismatch)
+                          self.entropy_sum, self.mismatch, self.clipped_responses, self.responses)
 
 
 @dataclass
@@ -361,7 +363,8 @@ class PolicyTrainer:
         finally:
             self._grad_target = None
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
-                                loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch)
+                                loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch,
+                                loss.clipped_responses, len(samples))
 
     @property
     def in_backward(self) -> bool:
