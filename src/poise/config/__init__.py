@@ -15,14 +15,11 @@ from poise.config.engine import EngineConfig
 from poise.config.env import ENV_BUILTINS, EnvConfig
 from poise.config.eval import EvalConfig
 from poise.config.model import LORA_PROJECTIONS, LoraConfig, ModelConfig, SFTConfig, TinyModelConfig
+from poise.config.policy import ControllerConfig, DispatchConfig, PipelineConfig, ResizeConfig, ScaleConfig
 from poise.config.reward import REWARD_LIMIT, REWARD_WEIGHT_LIMIT, RewardConfig, RewardFunctionConfig
 from poise.config.run import RunConfig, WandbConfig
 from poise.config.train import FOREIGN_KEYS, TrainConfig, build_train_config, config_notes, load_train_config
 from poise.errors import ConfigError
-from poise.policy.controller import ControllerConfig, ResizeConfig
-from poise.policy.dispatch import DispatchConfig
-from poise.policy.pipeline import PipelineConfig
-from poise.policy.scale import ScaleConfig
 
 __all__ = ["TrainConfig", "RunConfig", "WandbConfig", "ModelConfig", "TinyModelConfig", "DataConfig",
            "AlgorithmConfig", "SamplingConfig", "EngineConfig", "PipelineConfig", "ClusterConfig", "EmulationConfig",

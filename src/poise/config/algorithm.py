@@ -7,8 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from poise.policy.plan import MICRO_BATCH_SIZE_HELP
 from poise.schema import check, help_factory, help_field
+
+# The one definition of the micro-batching knob (`algorithm.micro_batch_size` of `poise train`,
+# `cluster.micro_batch_size` of a scenario).
+MICRO_BATCH_SIZE_HELP = ("samples per micro-batch: the step's samples in sample-id order (never arrival order) "
+                         "cut every N; each micro-batch trains on one train device (contiguous ranges), so fewer "
+                         "micro-batches than train devices leaves devices idle")
 
 
 @dataclass(frozen=True)

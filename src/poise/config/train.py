@@ -14,14 +14,11 @@ from poise.config.engine import EngineConfig
 from poise.config.env import EnvConfig
 from poise.config.eval import EvalConfig
 from poise.config.model import ModelConfig
+from poise.config.policy import ControllerConfig, DispatchConfig, PipelineConfig, ResizeConfig, ScaleConfig
 from poise.config.reward import RewardConfig
 from poise.config.run import RunConfig
+from poise.config.split import parse_splits
 from poise.errors import ConfigError
-from poise.policy.controller import ControllerConfig, ResizeConfig
-from poise.policy.dispatch import DispatchConfig
-from poise.policy.pipeline import PipelineConfig
-from poise.policy.scale import ScaleConfig
-from poise.policy.split import parse_splits
 from poise.schema import apply_overrides, build, check, help_factory, help_field, read_yaml
 
 
