@@ -1,11 +1,46 @@
-"""The `data:` section: the task mix or a dataset, and the tokenizer."""
+"""The `data:` section: the task mix or a dataset, and the tokenizer.
+
+The task families and the phases of a mix are plain data here, so the section checks them
+without the tasks themselves (poise.data.tasks makes the problems)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from poise.data.tasks import Phase, validate_phases
+from poise.errors import ConfigError
 from poise.schema import check, help_field
+
+FAMILIES = ("arith", "span", "sort", "count", "guess")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of training with a fixed task mix. `until_step` is exclusive; None = to the end."""
+
+    mix: dict[str, float]
+    until_step: int | None = None
+
+
+def validate_phases(phases: tuple[Phase, ...], key: str = "data.phases") -> None:
+    if not phases:
+        raise ConfigError(key, [], "give at least one phase, e.g. [{mix: {arith: 1.0}}]")
+    last = 0
+    for i, phase in enumerate(phases):
+        for name, weight in phase.mix.items():
+            if name not in FAMILIES:
+                raise ConfigError(f"{key}[{i}].mix", name, f"unknown task family; choose from {', '.join(FAMILIES)}")
+            if not weight >= 0:
+                raise ConfigError(f"{key}[{i}].mix.{name}", weight, "weights must be >= 0")
+        if sum(phase.mix.values()) <= 0:
+            raise ConfigError(f"{key}[{i}].mix", dict(phase.mix), "weights must sum to more than 0")
+        is_last = i == len(phases) - 1
+        if phase.until_step is None and not is_last:
+            raise ConfigError(f"{key}[{i}].until_step", None, "only the last phase may omit until_step")
+        if phase.until_step is not None:
+            if phase.until_step <= last:
+                raise ConfigError(f"{key}[{i}].until_step", phase.until_step,
+                                  f"must be greater than the previous phase's end ({last})")
+            last = phase.until_step
 
 
 @dataclass(frozen=True)
