@@ -16,8 +16,7 @@ import torch
 
 from poise.config import TinyModelConfig  # torch-free; stays importable from here
 from poise.errors import PoiseError
-from poise.model.files import check_model_dir
-from poise.rollout.runner import check_model_type
+from poise.model.files import check_model_dir, check_model_type
 
 
 def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, bos_id: int):

@@ -421,7 +421,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     keep = None if owners is None else _own_run(spec.model.path, dtype, owners, rank)
     model = _initial_policy(spec, tokenizer, device, dtype, keep)
     if spec.model.lora is not None:  # every device: the engine applies the adapter too
-        from poise.training.lora import attach_adapter
+        from poise.model.lora import attach_adapter
 
         attach_adapter(model, spec.model.lora, spec.seed)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)

@@ -123,7 +123,7 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     temporary directory themselves, each its own tensors in place (sharded, every train device
     seeing the run directory); it returns the names of the files they wrote."""
     from poise.model.loading import save_hf_config, save_hf_weights
-    from poise.training.lora import trained_parameters
+    from poise.model.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
     written = owners_write(tmp) if owners_write is not None else set()
@@ -453,7 +453,7 @@ def load_weights(path: Path, model: torch.nn.Module, names: set[str] | None = No
     (under LoRA the adapter; the frozen base is the run's initial one) must be there. `names`:
     only these parameters, read one at a time into their (allocated) storage (`cluster.shard:
     full`: a train device reads its own run alone)."""
-    from poise.training.lora import trained_parameters
+    from poise.model.lora import trained_parameters
 
     if names is not None:
         from safetensors import safe_open
