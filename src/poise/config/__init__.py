@@ -1,6 +1,6 @@
 """The `poise train` / `poise sft` configuration: small frozen sections, each validated.
 
-Each component receives only its own section (STYLE.md rule 3). Load with
+Each component receives only its own section, never the whole config. Load with
 `load_train_config(path, overrides)`; every bad key, type or value fails here, before any work.
 Torch-free, down to the engine, sampling and tiny-model sections (docs/design.md, Layers): the driver
 and emulated workers load and unpickle every section without importing torch.

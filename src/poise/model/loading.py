@@ -73,7 +73,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     an empty storage (`cluster.shard: full`: a train device starts with its own run alone).
     """
     path = Path(path)
-    check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
+    check_model_dir(path)  # a directory, and no pickle weights beside the safetensors
     if not path.is_dir():
         raise PoiseError(f"model directory '{path}' does not exist; pass a local HF checkpoint "
                          "directory (config.json + *.safetensors) or run `poise sft` to make one")
