@@ -53,7 +53,8 @@ def test_core_imports_and_loads_with_torch_blocked():
     assert out.returncode == 0, out.stderr
     modules = out.stdout.split("MODULES ", 1)[1].split("\n", 1)[0].split()
     assert {"poise.policy.split", "poise.sim.driver", "poise.sim.scenario", "poise.sim.workload",
-            "poise.episodes.runner", "poise.episodes.tools", "poise.config.train", "poise.config.policy"} <= set(modules)
+            "poise.episodes.runner", "poise.episodes.tools", "poise.config.train",
+            "poise.config.policy"} <= set(modules)
     assert "LOADED []" in out.stdout
 
 
