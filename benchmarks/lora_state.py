@@ -52,7 +52,7 @@ def _bytes(tensors) -> int:
 
 def measure(model, lora) -> dict:
     from poise.config import AlgorithmConfig
-    from poise.training.lora import attach_adapter, trained_parameters
+    from poise.model.lora import attach_adapter, trained_parameters
     from poise.training.trainer import PolicyTrainer
 
     if lora is not None:

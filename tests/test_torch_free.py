@@ -16,12 +16,12 @@ BLOCKER = blocker_source("torch", "transformers")
 
 CORE = BLOCKER + r'''
 import importlib, pkgutil
-import poise.policy, poise.sim, poise.episodes
+import poise.config, poise.policy, poise.sim, poise.episodes
 modules = ["poise.config", "poise.types", "poise.schema", "poise.runlog", "poise.rundir", "poise.metrics",
            "poise.completions", "poise.cli.completions", "poise.report.completions",
            "poise.data.prompts", "poise.data.tasks", "poise.data.tokenizer", "poise.data.dataset",
            "poise.runtime.emulated", "poise.evaluation.heldout", "poise.runtime.evaluation"]
-for package in (poise.policy, poise.sim, poise.episodes):  # every submodule, including ones added later
+for package in (poise.config, poise.policy, poise.sim, poise.episodes):  # every submodule, including ones added later
     modules += [m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
 for name in modules:
     importlib.import_module(name)
@@ -54,7 +54,8 @@ def test_core_imports_and_loads_with_torch_blocked():
     assert out.returncode == 0, out.stderr
     modules = out.stdout.split("MODULES ", 1)[1].split("\n", 1)[0].split()
     assert {"poise.policy.split", "poise.sim.driver", "poise.sim.scenario", "poise.sim.workload",
-            "poise.episodes.runner", "poise.episodes.tools"} <= set(modules)
+            "poise.episodes.runner", "poise.episodes.tools", "poise.config.train",
+            "poise.config.policy"} <= set(modules)
     assert "LOADED []" in out.stdout
 
 

@@ -23,17 +23,6 @@ def train(config=None, **overrides):
     return run(config, **overrides)
 
 
-def train(config=None, **overrides):
-    """Run RL post-training as `poise train` does and return a `RunResult` (poise/api.py `train`).
-
-    `config` is a YAML path, a mapping or `poise.load_config(...)`; each keyword overrides one
-    config section with a mapping of its keys: `poise.train("mine.yaml", run={"steps": 5})`.
-    """
-    from poise.api import train as run
-
-    return run(config, **overrides)
-
-
 def __getattr__(name: str):
     if name in _API:
         from poise import api

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 from poise.types import Sample, SampleId
 
-if TYPE_CHECKING:
-    from poise.data.tasks import Problem
+class Prompted(Protocol):
+    """What a row needs of a problem (data.tasks.Problem has it; this layer sits below data/)."""
+
+    uid: str
+    prompt: str
+
 
 FILE = "completions.jsonl"
 MAX_CHARS = 2000  # per text (prompt, completion): a long answer stays readable in a terminal and a page
@@ -70,7 +74,7 @@ class Completions:
             return None
         return cls(per_step, tokenizer.decode, tokenizer.eos_id)
 
-    def rows(self, step: int, samples: Sequence[Sample], problems: Sequence["Problem"],
+    def rows(self, step: int, samples: Sequence[Sample], problems: Sequence[Prompted],
              rewards: Mapping[SampleId, float], results: Mapping[SampleId, Any]) -> list[dict]:
         """The rows of step `step`. `rewards`: each sample's reward as trained on; `results`: each
         sample's RewardResult (its `parts`: every reward function's value)."""
@@ -78,7 +82,7 @@ class Completions:
         return [self.row(step, by_id[i], problems[i[1]], rewards[i], results[i])
                 for i in pick(by_id, self.per_step)]
 
-    def row(self, step: int, sample: Sample, problem: "Problem", reward: float, result: Any) -> dict:
+    def row(self, step: int, sample: Sample, problem: Prompted, reward: float, result: Any) -> dict:
         prompt, prompt_cut = capped(problem.prompt, self.max_chars)
         segments = transcript(sample, self.decode, self.eos_id)
         text = "".join(t if role == "model" else f"{OBSERVATION[0]}{t}{OBSERVATION[1]}" for role, t in segments)

@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import pytest
 
+from poise.config.reward import REWARD_BUILTINS
 from poise.data.tasks import FAMILIES, Phase, TaskSource, reward
 from poise.rewards import builtin
 from poise.rewards.builtin import code, exact, final_number, items, math, task
@@ -79,3 +80,4 @@ def test_code_tests_as_one_string_and_hanging_tests():
 
 def test_builtins_are_listed():
     assert list(builtin.BUILTINS) == ["task", "exact", "items", "math", "code"]
+    assert tuple(builtin.BUILTINS) == REWARD_BUILTINS  # the config checks reward.functions by these names

@@ -82,7 +82,7 @@ def _write_merged(cfg, tokenizer, source: Path, out: Path) -> None:
 
     from poise.model.loading import save_hf_weights
     from poise.training.checkpoint import load_weights
-    from poise.training.lora import merged_state
+    from poise.model.lora import merged_state
     from poise.training.setup import make_policy
 
     model = make_policy(cfg, tokenizer, "cpu", getattr(torch, cfg.model.dtype), progress=False)

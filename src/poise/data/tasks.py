@@ -25,10 +25,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
+from poise.config.data import FAMILIES, Phase, validate_phases
 from poise.errors import ConfigError
 from poise.rewards.builtin import SCALAR, exact_score, items_score
 
-FAMILIES = ("arith", "span", "sort", "count", "guess")
 GUESS_RANGE = (1, 7)  # `guess`: the hidden number's range; binary search finds any in 3 turns
 
 
@@ -44,14 +44,6 @@ class Problem:
     # a dataset row's other columns, by name (user reward functions receive them); not hashed
     columns: dict[str, object] = field(default_factory=dict, hash=False)
     origin: str = field(default="", compare=False)  # where a dataset row came from: "file:line" or "file:row N"
-
-
-@dataclass(frozen=True)
-class Phase:
-    """A stretch of training with a fixed task mix. `until_step` is exclusive; None = to the end."""
-
-    mix: dict[str, float]
-    until_step: int | None = None
 
 
 def derive_seed(*parts: object) -> int:
@@ -105,28 +97,6 @@ def reward(problem: Problem, response: str) -> float:
 def default_phases() -> tuple[Phase, ...]:
     """The built-in mix: mostly short arithmetic with a long tail of spans and sorts."""
     return (Phase(mix={"arith": 0.5, "span": 0.25, "sort": 0.25}),)
-
-
-def validate_phases(phases: tuple[Phase, ...], key: str = "data.phases") -> None:
-    if not phases:
-        raise ConfigError(key, [], "give at least one phase, e.g. [{mix: {arith: 1.0}}]")
-    last = 0
-    for i, phase in enumerate(phases):
-        for name, weight in phase.mix.items():
-            if name not in FAMILIES:
-                raise ConfigError(f"{key}[{i}].mix", name, f"unknown task family; choose from {', '.join(FAMILIES)}")
-            if not weight >= 0:
-                raise ConfigError(f"{key}[{i}].mix.{name}", weight, "weights must be >= 0")
-        if sum(phase.mix.values()) <= 0:
-            raise ConfigError(f"{key}[{i}].mix", dict(phase.mix), "weights must sum to more than 0")
-        is_last = i == len(phases) - 1
-        if phase.until_step is None and not is_last:
-            raise ConfigError(f"{key}[{i}].until_step", None, "only the last phase may omit until_step")
-        if phase.until_step is not None:
-            if phase.until_step <= last:
-                raise ConfigError(f"{key}[{i}].until_step", phase.until_step,
-                                  f"must be greater than the previous phase's end ({last})")
-            last = phase.until_step
 
 
 class TaskSource:

@@ -1,36 +1,24 @@
-"""What a local model directory may hold (issue 11, input hardening). Torch-free: the config
-checks `model.path` with it before any work.
-
-Weights load from safetensors only (`use_safetensors=True` in poise.model.loading): a pickle
-file (`pytorch_model.bin`, `*.pt`, ...) can run code when unpickled, so a directory holding one
-is refused outright, even beside a `*.safetensors` file that might be a decoy.
+"""A local model at load time (torch-free): the model families the rollout engine runs, and the
+directory. What a directory may hold is the config layer's rule (poise.config.model.model_dir_problem:
+the config checks `model.path` with it before any work); `check_model_dir` refuses a directory that
+breaks it, in one line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from poise.config.model import model_dir_problem
 from poise.errors import PoiseError
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def model_dir_problem(path: str | Path) -> str | None:
-    """None if `path` may be a model directory (it need not exist yet), else what it is and the fix."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        return ("a file, not a directory: point it at a local HF checkpoint directory (config.json + "
-                "*.safetensors), or at where model.sft_if_missing should write one")
-    if path.is_dir():
-        try:
-            pickles = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
-        except OSError:
-            return None  # unreadable: the loader says so when it gets there
-        if pickles:
-            shown = ", ".join(pickles[:3]) + (", ..." if len(pickles) > 3 else "")
-            return (f"a directory holding pickle files ({shown}); Poise loads safetensors weights only: "
-                    "convert them (save_pretrained(..., safe_serialization=True)) and remove the pickle files")
-    return None
+def check_model_type(model_type: object) -> None:
+    """Refuse, in one line, a model type the runner cannot run (at load time, before any rollout)."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise PoiseError(f"rollout engine supports model types {', '.join(SUPPORTED_MODEL_TYPES)}; got "
+                         f"{model_type!r}: load a checkpoint of one of these families")
 
 
 def check_model_dir(path: str | Path) -> None:

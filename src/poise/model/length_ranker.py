@@ -1,4 +1,4 @@
-"""A language-model output-length ranker (StreamRL §5.2; issue 14 item 4): a small transformer,
+"""A language-model output-length ranker (StreamRL §5.2): a small transformer,
 built from Poise's tiny model class, reads the prompt text and regresses log output length; it
 learns online from finished samples and ranks prompts by predicted length.
 

@@ -17,8 +17,7 @@ import torch
 from poise.config import TinyModelConfig  # torch-free; stays importable from here
 from poise.data.tokenizer import Tokenizer
 from poise.errors import PoiseError
-from poise.model.files import check_model_dir
-from poise.rollout.runner import check_model_type
+from poise.model.files import check_model_dir, check_model_type
 
 
 def tiny_hf_config(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, bos_id: int):
@@ -75,7 +74,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     an empty storage (`cluster.shard: full`: a train device starts with its own run alone).
     """
     path = Path(path)
-    check_model_dir(path)  # a directory, and no pickle weights beside the safetensors (issue 11)
+    check_model_dir(path)  # a directory, and no pickle weights beside the safetensors
     if not path.is_dir():
         raise PoiseError(f"model directory '{path}' does not exist; pass a local HF checkpoint "
                          "directory (config.json + *.safetensors) or run `poise sft` to make one")

@@ -24,6 +24,10 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   mismatch.py    MismatchStats: the rollout/trainer log-prob mismatch as sums and a fixed-grid
                  histogram of the log-ratio, the same bits however micro-batches are split
   seeds.py       stable_seed: named sub-seeds
+
+The sections these objects take (PipelineConfig, DispatchConfig, ResizeConfig, ControllerConfig,
+ScaleConfig) and `Split` are the config layer's (poise.config.policy, poise.config.split): the
+modules here import them from there, a layer down.
 """
 
 from poise.policy.allocator import (Allocation, DevicePlan, DeviceSplit, StepPrediction, StepWorkload, allocate,

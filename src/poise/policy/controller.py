@@ -44,84 +44,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Literal, Protocol, Sequence
 
+from poise.config.policy import ControllerConfig, ResizeConfig
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
 from poise.policy.split import Split, parse_splits
 from poise.policy.turns import EpisodeWork
-from poise.schema import check, help_field
+from poise.schema import check
 
 
-@dataclass(frozen=True)
-class ControllerConfig:
-    threshold: float = help_field(0.15, "relative predicted gain of the best split over the "
-                                  "current one that counts as an imbalance signal (0.15 = 15%)")
-    consecutive: int = help_field(3, "signals in the same direction in a row before a resize")
-    dwell_s: float = help_field(0.0, "seconds of run time the signal must persist before a resize")
-    cooldown_steps: int = help_field(10, "steps after a resize during which no resize happens")
-    break_even: bool = help_field(True, "resize only if gain/step x expected persistence exceeds "
-                                  "the predicted resize cost")
-    window: int = help_field(3, "steps whose predictions are averaged (smooths one step's tail)")
-    regime_margin: float = help_field(0.15, "a regime (run of steps wanting the same split) ends "
-                                      "when another split is predicted this much faster")
-    persistence_prior_steps: float = help_field(20.0, "expected regime length in steps before "
-                                                "any regime has been seen to end")
-
-    def __post_init__(self) -> None:
-        check(self.threshold >= 0, "controller.threshold", self.threshold,
-              "must be >= 0 (a fraction of the step time, e.g. 0.15)")
-        check(self.consecutive >= 1, "controller.consecutive", self.consecutive,
-              "must be >= 1 signal")
-        check(self.dwell_s >= 0, "controller.dwell_s", self.dwell_s, "must be >= 0 seconds")
-        check(self.cooldown_steps >= 0, "controller.cooldown_steps", self.cooldown_steps,
-              "must be >= 0 steps; use 0 for no cooldown")
-        check(self.window >= 1, "controller.window", self.window, "must be >= 1 step")
-        check(self.regime_margin >= 0, "controller.regime_margin", self.regime_margin,
-              "must be >= 0 (a fraction of the step time, e.g. 0.15)")
-        check(self.persistence_prior_steps > 0, "controller.persistence_prior_steps",
-              self.persistence_prior_steps, "must be > 0 steps")
-
-
-@dataclass(frozen=True)
-class ResizeConfig:
-    """When the split changes and how (one section for `poise train` and scenarios)."""
-
-    policy: Literal["static", "controller"] = help_field(
-        "static", "static: the split holds (unless `schedule` says otherwise); controller: the "
-        "hysteresis resize controller decides once per step")
-    mode: Literal["live", "hard"] = help_field("live", "live (DynaResize) or hard (stop and rebuild) resize")
-    allowed_splits: tuple[Any, ...] = help_field((), "splits the controller may choose, e.g. [[6, 2], [4, 4]]; empty = all")
-    schedule: tuple[Any, ...] = help_field(
-        (), "forced resizes, e.g. [{at_step: 2, split: [1, 3]}]: step 2 and later run on 1+3 "
-        "(for tests and benchmarks; with policy static)")
-    inflight: Literal["drain", "abort"] = help_field(
-        "drain", "simulator, async only: let in-flight generation finish on the old split before "
-        "resizing (the paper's mixed step), or abort it at the decision and resume the unfinished "
-        "samples as partial samples on the new split (docs/design.md, Resize). The runtime always aborts")
-    staging_mb: float = help_field(
-        4.0, "live resize: host buffer, MiB, through which a device joining the trainer receives "
-        "its optimizer state chunk by chunk")
-
-    def __post_init__(self) -> None:
-        check(self.staging_mb > 0, "resize.staging_mb", self.staging_mb, "must be > 0 MiB, e.g. 4")
-        check(not (self.schedule and self.policy == "controller"), "resize.schedule", list(self.schedule),
-              "a forced schedule and resize.policy=controller exclude each other; drop one")
-        self.scheduled()  # a malformed entry fails here, with the entry's index
-
-    def scheduled(self) -> dict[int, Split]:
-        """The schedule as {step that first runs on the split: split}."""
-        out: dict[int, Split] = {}
-        for i, entry in enumerate(self.schedule):
-            key = f"resize.schedule[{i}]"
-            check(isinstance(entry, dict) and set(entry) == {"at_step", "split"}, key, entry,
-                  "each entry is {at_step: N, split: [rollout, train]}")
-            at = entry["at_step"]
-            check(isinstance(at, int) and not isinstance(at, bool) and at >= 1, f"{key}.at_step", at,
-                  "must be an integer >= 1 (step 0 runs on cluster.split)")
-            check(at not in out, f"{key}.at_step", at, "two entries name the same step; keep one")
-            out[at] = Split.parse(entry["split"], f"{key}.split")
-        return dict(sorted(out.items()))
 
 
 class ScheduledResizes:

@@ -1,7 +1,7 @@
 """Cost model: seconds for decode, prefill, train, weight sync and each phase of a resize.
 
 One object answers every "how long would this take" question the policy asks, so the
-allocator, the resize controller, the dispatcher, the simulator and (issue 5) the runtime
+allocator, the resize controller, the dispatcher, the simulator and the runtime
 all price work the same way. Two sources, one interface:
 
     cost = CostModel(CostConfig(...))                 # written by hand (scenario YAML `cost:`)

@@ -35,36 +35,15 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
+from poise.config.policy import DispatchConfig
 from poise.errors import ConfigError
 from poise.policy.cost import CostModel, instance_finish_times
 from poise.policy.rankers import LengthRanker, Prompt, make_ranker
 from poise.policy.seeds import stable_seed
-from poise.schema import check, help_field
 
 
-@dataclass(frozen=True)
-class DispatchConfig:
-    """The `dispatch:` section of `poise train` and of scenarios."""
-
-    policy: Literal["skew_aware", "least_loaded", "round_robin", "random"] = help_field(
-        "skew_aware", "which rollout instance gets which prompt group (StreamRL §5.3 by default)")
-    ranker: Literal["history", "learned", "lm", "random", "oracle"] = help_field(
-        "history", "output-length ranker for skew_aware and least_loaded; history is best on prompts seen in "
-                   "earlier epochs, lm (a small transformer, torch: cluster.compute=real only) on unseen ones "
-                   "(benchmarks/rankers.py); oracle knows the true lengths, so only the simulator and "
-                   "cluster.compute=emulated have it")
-    long_tail_fraction: float = help_field(0.2, "predicted-longest share of the prompts sent to long-tail instances")
-    tail_batch_cap: int = help_field(8, "live-batch cap of the long-tail instances")
-    tail_instances: int | None = help_field(None, "long-tail instances; null = chosen per step by predicted makespan")
-
-    def __post_init__(self) -> None:
-        check(0 < self.long_tail_fraction < 1, "long_tail_fraction", self.long_tail_fraction,
-              "must be between 0 and 1, e.g. 0.2")
-        check(self.tail_batch_cap >= 1, "tail_batch_cap", self.tail_batch_cap, "must be >= 1")
-        check(self.tail_instances is None or self.tail_instances >= 1, "tail_instances", self.tail_instances,
-              "must be >= 1 or null")
 
 
 @dataclass(frozen=True)

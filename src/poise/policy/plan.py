@@ -42,11 +42,6 @@ from poise.policy.pipeline import weights_version as _weights_version
 
 SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
 
-# The one definition of the micro-batching knob (`algorithm.micro_batch_size` of `poise train`,
-# `cluster.micro_batch_size` of a scenario).
-MICRO_BATCH_SIZE_HELP = ("samples per micro-batch: the step's samples in sample-id order (never arrival order) "
-                         "cut every N; each micro-batch trains on one train device (contiguous ranges), so fewer "
-                         "micro-batches than train devices leaves devices idle")
 
 
 @dataclass(frozen=True)
@@ -218,5 +213,5 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
     }
 
 
-__all__ = ["MICRO_BATCH_SIZE_HELP", "MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step",
+__all__ = ["MiniBatch", "MicroStats", "StepPlan", "SampleId", "contiguous_ranges", "plan_step",
            "mini_of_prompt", "tail_shares", "micro_normaliser", "loss_normaliser", "pack_rows", "step_stats"]

@@ -36,70 +36,11 @@ Departure from the paper: a join is never undone here (StreamRL does not describ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
-from poise.schema import check, help_field
+from poise.config.policy import ScaleConfig
 
 
-@dataclass(frozen=True)
-class ScaleConfig:
-    """Whether reserve devices join as rollout instances, and when (`scale:` of `poise train`
-    and of scenarios; the reserve itself is `cluster.reserve_devices`)."""
-
-    policy: Literal["static", "controller"] = help_field(
-        "static", "static: the rollout pool holds (unless `schedule` says otherwise); controller: a "
-        "reserve device joins as a rollout instance when generation lags training")
-    schedule: tuple[Any, ...] = help_field(
-        (), "forced joins, e.g. [{after_step: 1, add: 1}]: one reserve device joins after step 1's weight "
-        "sync (for tests and benchmarks; with policy static)")
-    threshold: float = help_field(
-        0.10, "generation lags when its span exceeds the train side's busy time by this fraction "
-        "(0.10 = 10%; see policy/scale.py for why)")
-    consecutive: int = help_field(3, "lagging steps in a row before a device joins")
-    cooldown_steps: int = help_field(3, "steps after a join during which no other joins (its effect "
-                                     "shows from the second or third step after it)")
-    max_instances: int = help_field(0, "instances the controller may add in all; 0 = every reserve device")
-
-    def __post_init__(self) -> None:
-        check(self.threshold >= 0, "scale.threshold", self.threshold,
-              "must be >= 0 (a fraction of the train time, e.g. 0.10)")
-        check(self.consecutive >= 1, "scale.consecutive", self.consecutive, "must be >= 1 step")
-        check(self.cooldown_steps >= 0, "scale.cooldown_steps", self.cooldown_steps,
-              "must be >= 0 steps; use 0 for no cooldown")
-        check(self.max_instances >= 0, "scale.max_instances", self.max_instances,
-              "must be >= 0; 0 = every reserve device")
-        check(not (self.schedule and self.policy == "controller"), "scale.schedule", list(self.schedule),
-              "a forced schedule and scale.policy=controller exclude each other; drop one")
-        self.scheduled()  # a malformed entry fails here, with the entry's index
-
-    @property
-    def active(self) -> bool:
-        """Whether any device may join (a schedule or the controller)."""
-        return bool(self.schedule) or self.policy == "controller"
-
-    def scheduled(self) -> dict[int, int]:
-        """The schedule as {step after which devices join: how many}."""
-        out: dict[int, int] = {}
-        for i, entry in enumerate(self.schedule):
-            key = f"scale.schedule[{i}]"
-            check(isinstance(entry, dict) and set(entry) == {"after_step", "add"}, key, entry,
-                  "each entry is {after_step: N, add: K}")
-            at, add = entry["after_step"], entry["add"]
-            check(isinstance(at, int) and not isinstance(at, bool) and at >= 0, f"{key}.after_step", at,
-                  "must be an integer >= 0 (the step after whose weight sync the devices join)")
-            check(isinstance(add, int) and not isinstance(add, bool) and add >= 1, f"{key}.add", add,
-                  "must be an integer >= 1 (rollout instances that join)")
-            check(at not in out, f"{key}.after_step", at, "two entries name the same step; merge them")
-            out[at] = add
-        return dict(sorted(out.items()))
-
-    def most_added(self, reserve_instances: int) -> int:
-        """How many instances may join over the job: the schedule's total, or the controller's cap."""
-        if self.schedule:
-            return sum(self.scheduled().values())
-        if self.policy == "controller":
-            return min(self.max_instances, reserve_instances) if self.max_instances else reserve_instances
-        return 0
 
 
 def first_step_served(decided_after: int, pipeline_kind: str) -> int:

@@ -44,13 +44,13 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Sequence
 
-import poise
 from poise.errors import ConfigError, PoiseError
 from poise.rewards.cgroup import WorkerCgroup, layer_line, remove_stale
 from poise.rewards.cgroup import locate as locate_cgroup
 from poise.rewards.functions import FunctionSpec
 from poise.rewards.worker import _HEADER
 
+POISE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the poise package's directory
 START_TIMEOUT_S = 60.0  # a worker's confinement and its imports of the reward functions
 MAX_LINE = 1 << 16  # a longer answer line is a broken worker
 CHUNK = 64  # calls per message at most
@@ -162,7 +162,7 @@ class _Worker:
             os.chown(self.scratch, uid, uid)
             # a tmpfs of reward.memory_mb: one call cannot fill the disk under the run's checkpoints
             self.scratch_tmpfs = mount_tmpfs(self.scratch, self.pool.limits.memory_mb, uid)
-        poise_parent = os.path.dirname(os.path.dirname(os.path.abspath(poise.__file__)))
+        poise_parent = os.path.dirname(POISE_DIR)
         boot = f"import sys; sys.path.insert(0, {poise_parent!r}); from poise.rewards.worker import main; main()"
         self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, cwd=self.scratch, env=_env(self.scratch),
@@ -300,7 +300,7 @@ class SandboxPool:
 
     def __init__(self, specs: Sequence[FunctionSpec], limits: SandboxLimits):
         self.specs, self.limits = tuple(specs), limits
-        poise_dir = os.path.dirname(os.path.abspath(poise.__file__))
+        poise_dir = POISE_DIR
         self.reads = sorted({poise_dir, *(p for s in self.specs for p in s.reads)})
         remove_stale_scratch()
         # per-worker limits where a cgroup allows (v2, else v1); cgroup_why: why v2 (or any) is not used

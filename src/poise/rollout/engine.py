@@ -104,7 +104,7 @@ class _Sequence:
 class Engine:
     """Continuous-batching rollout engine over a transformers Llama/Qwen2/Qwen3/Mistral model.
 
-    model: a `...ForCausalLM` of a type in `runner.SUPPORTED_MODEL_TYPES`; its parameters are the
+    model: a `...ForCausalLM` of a type in `poise.model.files.SUPPORTED_MODEL_TYPES`; its parameters are the
     engine's weights and keep their HF names (the engine never changes its mode: it calls the projections, norms and MLPs, none of
     which use dropout, so a colocated trainer may share the module). eos_id: the token that ends a response, or None for an
     EOS-free workload. tokenizer: needed only for stop strings. clock: seconds, injectable.

@@ -46,17 +46,10 @@ from poise.rollout.decode_groups import (GROUP_OVERHEAD, MAX_DECODE_GROUPS, key_
                                          plan_decode_groups)
 from poise.rollout.kv_cache import CacheShape, KVCache
 from poise.rollout.transfer import to_device
-from poise.training.lora import lora_parts
+from poise.model.files import check_model_type
+from poise.model.lora import lora_parts
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 QK_NORM_MODEL_TYPES = ("qwen3",)  # per-head RMS norm of q and k, before RoPE
-
-
-def check_model_type(model_type: object) -> None:
-    """Refuse, in one line, a model type the runner cannot run (at load time, before any rollout)."""
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise PoiseError(f"rollout engine supports model types {', '.join(SUPPORTED_MODEL_TYPES)}; got "
-                         f"{model_type!r}: load a checkpoint of one of these families")
 
 
 def sliding_window(config: object) -> int | None:

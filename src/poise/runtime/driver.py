@@ -128,7 +128,7 @@ class Runtime:
         else:  # a real job prices the long tail on the default cost model, with step 0's prompt length
             first = source.problems(0)
             prompt_len = round(sum(len(source.prompt_ids(p)) for p in first) / len(first))
-            from poise.model.length_ranker import torch_rankers  # torch: real compute only (issue 14)
+            from poise.model.length_ranker import torch_rankers  # torch: real compute only
 
             self.ranker, default = build_dispatch(cfg.dispatch, cfg.run.seed, CostModel(), prompt_len,
                                                   algo.group_size, rankers=torch_rankers())
@@ -147,7 +147,7 @@ class Runtime:
         port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
         resources = {"num_gpus": c.gpus_per_device} if c.device == "cuda" else {}
         # the thread env of every device process, also on a joined cluster, whose job has none of
-        # start_local's runtime_env: the same OpenMP/MKL set-up on every node (issue 11)
+        # start_local's runtime_env: the same OpenMP/MKL set-up on every node
         resources["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": str(c.threads_per_device),
                                                  "TOKENIZERS_PARALLELISM": "false"}}
         world = c.devices + c.reserve_devices  # the reserve is in the torch world from the start, idle

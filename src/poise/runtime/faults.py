@@ -1,4 +1,4 @@
-"""Fault handling (docs/design.md "Faults", issue 11): every wait on a device has a deadline, a dead
+"""Fault handling (docs/design.md "Faults"; RELIABILITY.md): every wait on a device has a deadline, a dead
 worker is replaced and the step it broke runs again, and what cannot be recovered stops the run
 with one line.
 

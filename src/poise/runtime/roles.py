@@ -1,5 +1,5 @@
 """The roles a device worker plays, as small Protocols with a real and an emulated implementation
-(STYLE.md rule 6: a mode is another implementation of a role, not an `if emulated:`).
+(a mode is another implementation of a role, not an `if emulated:` in every method).
 
     RolloutEngine  continuous batching (poise.rollout.engine.Engine | runtime.emulated.EmulatedEngine)
     TrainShard     gradients of canonical micro-batches and the exact update

@@ -1,4 +1,4 @@
-"""Checkpoints in the driver's `run.dir`, wherever the devices run (issue 11 item 3).
+"""Checkpoints in the driver's `run.dir`, wherever the devices run, on one node or many.
 
 A device that saves or loads a checkpoint (the train leader's periodic save, a hard resize, a
 recovery, `--resume`) works on files. When its Ray node sees the driver's `run.dir` (the

@@ -25,7 +25,7 @@ from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
 from poise.training.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
                                     safetensors_order, save_checkpoint)
-from poise.training.lora import trained_parameters
+from poise.model.lora import trained_parameters
 from poise.runtime.full_shard import ParameterShards
 from poise.runtime.transport import Direct, Transport
 from poise.training.reduce import TreeAccumulator, combine, index_nodes

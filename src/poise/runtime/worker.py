@@ -402,7 +402,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
     keep = None if owners is None else _own_run(spec.model.path, dtype, owners, rank)
     model = _initial_policy(spec, tokenizer, device, dtype, keep)
     if spec.model.lora is not None:  # every device: the engine applies the adapter too
-        from poise.training.lora import attach_adapter
+        from poise.model.lora import attach_adapter
 
         attach_adapter(model, spec.model.lora, spec.seed)
     if spec.bitwise:  # cuBLAS workspace, math attention, the strict probe: before any kernel (no-op on CPU)
@@ -444,8 +444,8 @@ _LISTENER = []  # device 0's store socket, alive as long as the process
 
 def join_rendezvous(rank: int, world_size: int, key: str, timeout):
     """The torch.distributed store of this job's world, on device 0's node address as Ray reports
-    it (loopback for a local Ray) and bound to that interface only (issue 11: the default store
-    listens on every interface). Device 0 binds a free port there and publishes `host:port` in
+    it (loopback for a local Ray) and bound to that interface only (the default store listens on
+    every interface, open to the whole network). Device 0 binds a free port there and publishes `host:port` in
     Ray's internal key-value store under `key`; the others read it from there. gloo's own sockets
     go on the interface of this node's address."""
     import socket

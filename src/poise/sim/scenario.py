@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from poise.config.algorithm import MICRO_BATCH_SIZE_HELP
 from poise.errors import PoiseError
 from poise.policy.controller import ControllerConfig, ResizeConfig
 from poise.policy.cost import CostConfig
 from poise.policy.devices import DeviceType, Fleet, Link
 from poise.policy.dispatch import DispatchConfig
 from poise.policy.pipeline import PipelineConfig
-from poise.policy.plan import MICRO_BATCH_SIZE_HELP
 from poise.policy.scale import ScaleConfig
 from poise.policy.split import Split, parse_splits
 from poise.schema import apply_overrides, build, check, help_factory, help_field, read_yaml

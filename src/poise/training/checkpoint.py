@@ -14,7 +14,7 @@ by the file's path relative to the checkpoint directory, for every file a save w
 resume and recovery with every file opened without following a symbolic link, and the weights
 must be finite; a save that fails (a full disk) is one line and leaves the earlier checkpoints.
 
-Durable (issue 11): a checkpoint is written into `checkpoints/.tmp-step_XXXXXX-<pid>/`, every file
+Durable: a checkpoint is written into `checkpoints/.tmp-step_XXXXXX-<pid>/`, every file
 and the directory are fsynced, and only then is it renamed to `step_XXXXXX`; the `latest` marker
 is replaced atomically the same way. A kill at any moment leaves the previous checkpoints intact
 and at most a `.tmp-*` entry, which resume ignores and the next save removes. Resume takes the
@@ -119,7 +119,7 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
     temporary directory themselves, each its own tensors in place (sharded, every train device
     seeing the run directory); it returns the names of the files they wrote."""
     from poise.model.loading import save_hf_config, save_hf_weights
-    from poise.training.lora import trained_parameters
+    from poise.model.lora import trained_parameters
 
     tmp = begin_checkpoint(run_dir, state.step)
     written = owners_write(tmp) if owners_write is not None else set()
@@ -345,7 +345,7 @@ def verify_checkpoint(path: Path, step: int | None = None) -> str | None:
         if not isinstance(meta, dict) or meta.get("step") != step or "torch_rng" not in meta:
             return "state.json does not describe this step"
         json.loads(_read(path, "config.json"))
-        sizes, digests = meta.get("files", {}), meta.get("sha256", {})  # absent before issue 11 / hashes
+        sizes, digests = meta.get("files", {}), meta.get("sha256", {})  # absent in older checkpoints
         if not isinstance(sizes, dict) or not isinstance(digests, dict):
             return "state.json's file list is malformed"
         names = [*CHECKPOINT_FILES[:-1], *(n for n in [*sizes, *digests] if n not in CHECKPOINT_FILES)]
@@ -449,7 +449,7 @@ def load_weights(path: Path, model: torch.nn.Module, names: set[str] | None = No
     (under LoRA the adapter; the frozen base is the run's initial one) must be there. `names`:
     only these parameters, read one at a time into their (allocated) storage (`cluster.shard:
     full`: a train device reads its own run alone)."""
-    from poise.training.lora import trained_parameters
+    from poise.model.lora import trained_parameters
 
     if names is not None:
         from safetensors import safe_open
@@ -489,7 +489,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
             name, field = key.split("::")
             if owned is None or name in owned:
                 by_param.setdefault(name, {})[field] = f.get_tensor(key)
-    for name, fields in by_param.items():  # onto the parameter's device and dtype (issue 31)
+    for name, fields in by_param.items():  # onto the parameter's device and dtype, as AdamW keeps it
         optimizer.state[params[name]] = place_state(optimizer, params[name], fields)
     meta = json.loads((path / "state.json").read_text())
     torch.set_rng_state(torch.tensor(meta["torch_rng"], dtype=torch.uint8))

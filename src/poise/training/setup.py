@@ -112,7 +112,7 @@ def make_policy(cfg: TrainConfig, tokenizer: Tokenizer, device: torch.device | s
     """`make_model`, with the LoRA adapter of `model.lora` attached (train/lora.py)."""
     model = make_model(cfg, tokenizer, device, dtype, progress)
     if cfg.model.lora is not None:
-        from poise.training.lora import attach_adapter
+        from poise.model.lora import attach_adapter
 
         attach_adapter(model, cfg.model.lora, cfg.run.seed)
     return model
