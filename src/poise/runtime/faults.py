@@ -190,7 +190,7 @@ def settled_updates(trainer, timeout_s: float) -> str:
 
 def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int, run_dir: Path, timeout_s: float
             ) -> tuple[int, str, list[int]]:
-    """Replace every actor of `rt` (runtime.driver.Runtime) and restore a surviving replica on each:
+    """Replace every actor of `rt` (runtime.runtime.Runtime) and restore a surviving replica on each:
     the train devices get a surviving train device's weights and optimizer state (weights
     `version`); the rollout devices get weights `rollout_version`, from a surviving rollout device
     if the train devices already moved past it (async: the next step's generation needs the

@@ -118,7 +118,7 @@ def _on(rt, devices: list[int], call, what: str, start_up: bool = False) -> list
 
 
 def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> ResizeReport:
-    """Move devices between roles on the running job `rt` (runtime.driver.Runtime) right after
+    """Move devices between roles on the running job `rt` (runtime.runtime.Runtime) right after
     weights `version` reached every device."""
     old = rt.split
     what = f"the resize {old.as_list()} -> {to.as_list()} after step {step}"

@@ -81,7 +81,7 @@ class JoinReport:
 
 
 def join_rollout(rt, devices: list[int]) -> dict[str, float]:
-    """Reserve `devices` join the running job `rt` (runtime.driver.Runtime) as rollout instances;
+    """Reserve `devices` join the running job `rt` (runtime.runtime.Runtime) as rollout instances;
     the next weight sync includes them. Returns the seconds of each phase."""
     t = time.perf_counter()
     ray.get([rt.workers[d].set_role.remote("rollout") for d in devices])
