@@ -44,6 +44,7 @@ from poise.runtime.evaluation import RolloutEvaluation
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize
 from poise.runtime.runtime import Runtime, StepSource
 from poise.runtime.scale import ScaleOut
+from poise.runtime.topology import Topology
 from poise.schema import dump, to_dict
 from poise.training.checkpoint import (PENDING_SAMPLES, check_finite, checkpoint_dir, decode_samples,
                                     encode_samples, latest_checkpoint, prune_before_save, prune_checkpoints)
@@ -61,7 +62,7 @@ class Driver:
         # static, a schedule, or the controller
         self.policy = policy if policy is not None else resize_policy(cfg, runtime.emulation_cost)
         self.pending_resize: ResizeReport | None = None  # completed by the first step on the new split
-        self.resize_from: tuple[list[int], list[int]] | None = None  # (rollout, train ranks) while a resize runs
+        self.resize_from: Topology | None = None  # the topology a resize started from, while it runs
         self.resize_wall = (0.0, 0.0)  # run-time start and end of the pending resize
         self.version = 0
         self.start_step = 0
@@ -72,7 +73,8 @@ class Driver:
         self.syncing: list = []  # the step's weight-sync calls, once queued
         self.injector = faults.Injector(runtime.spec.test_kill)  # the fault tests' kills (POISE_TEST_KILL)
         self.recoveries = 0
-        self.scale = ScaleOut(cfg, runtime, self.now)  # reserve devices joining as rollout instances
+        # reserve devices joining as rollout instances
+        self.scale = ScaleOut(cfg.cluster, cfg.scale, cfg.run.steps, self.kind, runtime, self.now)
         self.evaluation = RolloutEvaluation.of(cfg, source)  # eval.every: held-out problems between steps
         self.episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (poise.episodes)
         if cfg.env.path is not None:
@@ -108,7 +110,10 @@ class Driver:
                 if stop:
                     raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
                 self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
-                self.scale.after_step(log, step, (t_start, t_gen, t_train, t_end), micro, updates, self.version)
+                joined = self.scale.after_step(log, step, (t_start, t_gen, t_train, t_end), micro, updates,
+                                               self.version)
+                if joined is not None:
+                    self.rt.install(joined)
         return rows
 
     def train_step(self, log: RunLog, step: int, problems: list[Problem]):
@@ -189,8 +194,7 @@ class Driver:
         if phase == "resize" and self.resize_from is not None:
             # a resize half done: its joiners may not hold the optimizer state yet. The devices are
             # replaced on the split before it, from one of its train devices, and it runs again
-            self.rt.rollout_ranks, self.rt.train_ranks = self.resize_from
-            self.rt.leader = self.rt.train_ranks[0]
+            self.rt.install(self.resize_from)
         if phase == "step" and self.trained is None:
             done = faults.settled_updates(self.rt.trainer, c.step_timeout_s)
             if done == "some":
@@ -202,17 +206,18 @@ class Driver:
                 self.trained = (self.generated[step], stats, micro, updates, self.now(), self.now(), None)
         phase = "publish" if self.trained is not None else phase
         broken = faults.step_refs(self.rt.trainer) + self.syncing + list((self.trained or [None])[-1] or [])
-        source, what, silent = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir,
-                                      c.step_timeout_s)
+        recovery = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir, c)
+        self.rt.install(recovery.topology)
         faults.drain(broken)  # the dead step's failed calls: read here, not printed by Ray as unhandled
         if self.trained is not None:  # publish again (train_step): the rollout devices hold the weights they
             self.trained = self.trained[:-1] + (None,)  # generated with, which an async step may still need
         self.started = set(self.generated)  # what the dead actors were generating starts again
         killed = self.injector.kill_time()
-        log.event("recovery", self.now(), step=step, phase=phase, devices=lost.devices, source=source,
-                  detect_s=(detected - killed) if killed else None, recover_s=time.time() - detected, silent=silent,
+        log.event("recovery", self.now(), step=step, phase=phase, devices=lost.devices, source=recovery.source,
+                  detect_s=(detected - killed) if killed else None, recover_s=time.time() - detected,
+                  silent=recovery.silent,
                   **({"killed": self.injector.where} if self.injector.where else {}))
-        print(f"poise: warning: {what}", file=sys.stderr)
+        print(f"poise: warning: {recovery.what}", file=sys.stderr)
 
     def restore_pending(self, checkpoint: Path) -> None:
         """An async resume: the resumed step's samples were made with the weights one version
@@ -310,7 +315,7 @@ class Driver:
         if decision.action != "resize":
             return
         start = self.now()
-        self.resize_from = (list(self.rt.rollout_ranks), list(self.rt.train_ranks))
+        self.resize_from = self.rt.topology
         report, devices = self.survive(log, step, "resize", lambda: self.resize(decision.to_split, step))
         self.resize_from = None
         self.pending_resize, self.resize_wall = report, (start, self.now())
@@ -327,15 +332,17 @@ class Driver:
         resize, runtime/faults.py) it runs again from the start."""
         self.injector.at(self.rt, "resize", step)  # the fault tests: a death as the resize starts
         if self.cfg.resize.mode == "hard":  # the baseline: stop, checkpoint, rebuild, reload
-            report = hard_resize(self.rt, to, self.version, step, self.run_dir)
+            topology, report = hard_resize(self.rt, to, self.version, step, self.run_dir, self.cfg.cluster)
+            self.rt.install(topology)
             self.started.discard(step + (2 if self.kind == "async" else 1))  # its generation starts again
             return report, list(range(self.cfg.cluster.devices))  # every device stops
-        report = live_resize(self.rt, to, self.version, step, self.cfg.resize.staging_mb)
+        topology, report = live_resize(self.rt, to, self.version, step, self.cfg.cluster, self.cfg.resize)
+        self.rt.install(topology)
         return report, report.to_train + report.to_rollout
 
     def log_resize(self, log: RunLog, updates: list[dict]) -> None:
         """The `resize` event of the last resize, once its first step showed the barrier wait."""
-        report = finish_report(self.rt, self.pending_resize, updates)
+        report = finish_report(self.rt, self.pending_resize, updates, self.cfg.cluster)
         start, end = self.resize_wall
         log.event("resize", start, start=start, end=end, **report.event_fields())
         if self.cfg.cluster.compute == "real":

@@ -27,6 +27,7 @@ from poise.runtime.resize import prewarm_rank_sets
 from poise.runtime.scale import scale_rank_sets
 from poise.runtime.service import StreamGenerationService
 from poise.runtime.storage import CheckpointStore
+from poise.runtime.topology import Topology
 from poise.runtime.trainer_group import TrainerGroup
 from poise.runtime.worker import WorkerSpec, start_devices
 from poise.types import Sample
@@ -72,7 +73,6 @@ class Runtime:
                                      c.step_timeout_s, self)
         self.pool = device_pool(c)
         self.reserve = reserve_pool(c)  # devices that may join as rollout instances (runtime/scale.py)
-        self.joined: list[int] = []  # reserve devices that joined: rollout instances from then on
         rollout = cfg.rollout
         if emulation is None and isinstance(source, TaskSteps):  # the KV cache sized by the run's prompts
             rollout = dataclasses.replace(rollout, max_context=fitted_context(
@@ -98,10 +98,12 @@ class Runtime:
         self.service: StreamGenerationService | None = None
         # a hard resize recreates the actors, so it prewarms only the split it starts
         self.transitions = resize_transitions(cfg, split) if cfg.resize.mode == "live" else []
-        self.start(Split(*split), self.transitions)
+        self.start(Topology.of_split(Split(*split)), self.transitions)
 
-    def start(self, split: Split, transitions: list[tuple[Split, Split]]) -> None:
-        """Place the devices' worker actors in the pool's bundles, in the roles of `split`."""
+    def start(self, topology: Topology, transitions: list[tuple[Split, Split]]) -> None:
+        """Place the devices' worker actors in the pool's bundles, in the roles of `topology`, which
+        this installs; `transitions`: the splits a live resize may move between (their groups are
+        prewarmed)."""
         c, algo = self.cfg.cluster, self.cfg.algorithm
         port = rendezvous_key()  # device 0 publishes its store's address under it (runtime/worker.py)
         resources = {"num_gpus": c.gpus_per_device} if c.device == "cuda" else {}
@@ -112,20 +114,18 @@ class Runtime:
         world = c.devices + c.reserve_devices  # the reserve is in the torch world from the start, idle
         # emulated devices may share a process (runtime/worker.py DeviceHost); real ones never do
         per = self.cfg.emulation.per_process(world) if self.spec.emulated is not None else 1
-        pool_rollout = split.rollout - len(self.joined)  # a restart (recovery) keeps the joined devices
-        self.rollout_ranks = list(range(pool_rollout)) + self.joined
-        self.train_ranks = list(range(pool_rollout, pool_rollout + split.train))
+        self.topology = topology  # a restart (recovery, a hard resize) brings the joined devices in it
+        pool_rollout = [d for d in topology.rollout if d not in topology.joined]
         spec = dataclasses.replace(self.spec, train_ranks=tuple(self.train_ranks))  # shard: full loads its run
         self.workers = start_devices(list(range(c.devices)), self.pool.strategy, per, world, port, spec,
                                      num_cpus=1, **resources)
         if c.reserve_devices:
             self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
                                           spec, num_cpus=1, **resources)
-        self.leader = self.train_ranks[0]
         # every worker creates the same groups in the same order (dist.new_group is collective):
         # those of this split and of every split a live resize may move to
-        groups = prewarm_rank_sets(split, transitions)
-        groups += scale_rank_sets(self.cfg, self.leader, list(range(pool_rollout)))  # and of the joins
+        groups = prewarm_rank_sets(topology.split, transitions)
+        groups += scale_rank_sets(c, self.cfg.scale, self.leader, pool_rollout)  # and of the joins
         if self.cfg.pipeline.assist and list(range(c.devices)) not in groups:  # train + helping rollout devices
             groups.append(list(range(c.devices)))
         faults.wait([w.prewarm_groups.remote(groups) for w in self.workers], list(range(len(self.workers))),
@@ -142,7 +142,7 @@ class Runtime:
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s, lockstep=self.full, **self.helpers())
+                                    step_timeout_s=c.step_timeout_s, lockstep=self.fully_sharded, **self.helpers())
 
     @property
     def sharded(self) -> bool:
@@ -151,25 +151,25 @@ class Runtime:
         return self.cfg.cluster.shard != "none" and self.spec.emulated is None
 
     @property
-    def full(self) -> bool:
+    def fully_sharded(self) -> bool:
         """`cluster.shard: full` on real compute: the parameters are sharded too, so a weight sync
         comes from every owner and the weights' digest needs every train device."""
         return self.cfg.cluster.shard == "full" and self.spec.emulated is None
 
     def sync_senders(self) -> list[int]:
         """The devices a weight sync comes from: the train leader, or every owner (`shard: full`)."""
-        return list(self.train_ranks) if self.full else [self.leader]
+        return list(self.train_ranks) if self.fully_sharded else [self.leader]
 
     def publish_refs(self, version: int, after: list | None) -> list:
         """Queue weights `version` to every rollout device (`publish_weights_refs`), behind `after`."""
-        owners = {d: self.workers[d] for d in self.train_ranks} if self.full else None
+        owners = {d: self.workers[d] for d in self.train_ranks} if self.fully_sharded else None
         return self.service.publish_weights_refs(self.workers[self.leader], self.leader, version,
                                                  self.cfg.rollout.weight_bucket_mb, after, owners)
 
     def helpers(self) -> dict:
         """`pipeline.assist`: the pool's rollout devices (a joined reserve device is not in the
         prewarmed group of the pool), which compute a share of the training tail."""
-        ranks = [d for d in self.rollout_ranks if d not in self.joined] if self.cfg.pipeline.assist else []
+        ranks = [d for d in self.rollout_ranks if d not in self.topology.joined] if self.cfg.pipeline.assist else []
         return {"helpers": [self.workers[d] for d in ranks], "helper_ranks": ranks}
 
     def lenders(self) -> dict:
@@ -185,7 +185,29 @@ class Runtime:
 
     @property
     def split(self) -> Split:
-        return Split(len(self.rollout_ranks), len(self.train_ranks))
+        return self.topology.split
+
+    @property
+    def rollout_ranks(self) -> list[int]:
+        return list(self.topology.rollout)
+
+    @property
+    def train_ranks(self) -> list[int]:
+        return list(self.topology.train)
+
+    @property
+    def leader(self) -> int:
+        return self.topology.leader
+
+    def install(self, topology: Topology) -> None:
+        """Work in the roles of `topology` (a live resize's or a join's: the actors stay). The
+        trainer and the lent rollout instances follow the train group when it changes; between
+        steps, so nothing of a step is in flight."""
+        regroup = topology.train != self.topology.train
+        self.topology = topology
+        if regroup:
+            self.trainer.set_devices([self.workers[d] for d in self.train_ranks], self.train_ranks, **self.helpers())
+            self.service.set_lenders(**self.lenders())
 
     def publish_weights_refs(self, version: int) -> list:
         """Queue weights `version` from the train leader to every rollout device behind the step's
