@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import dataclasses
 from pathlib import Path
 
 import ray
@@ -54,6 +55,21 @@ from poise.types import Sample, SampleId
 DYNAMIC_DRAWS = "dynamic_draws.json"  # an async checkpoint's next step: which draw each slot holds
 
 
+@dataclasses.dataclass
+class Trained:
+    """A step once its update is done: what it trained on, the trainer's report and its times (run
+    time, seconds), and its weight sync."""
+
+    scored: list[tuple[Sample, float]]  # the samples with the rewards the algorithm saw
+    stats: dict  # the update's statistics (loss, KL, grad norm, ...)
+    micro: list[dict]  # each micro-batch's device and wall-clock start and end
+    updates: list[dict]  # each train device's optimizer step: start, end, traffic, barrier wait
+    t_gen: float  # generation over (async: the step's samples fed, the next step's collected)
+    t_train: float  # the update done
+    syncing: list | None = None  # the weight-sync calls; None after a recovery: they go out again
+    sync_s: float = 0.0  # the weight sync's seconds, once published
+
+
 class Driver:
     def __init__(self, cfg: TrainConfig, run_dir: Path, runtime: Runtime, source: StepSource,
                  policy: ResizePolicy | None = None):
@@ -69,7 +85,7 @@ class Driver:
         self.t0 = time.time()
         self.generated: dict[int, list[tuple[Sample, float]]] = {}  # async: the next step, already generated
         self.started: set[int] = set()  # steps whose generation was handed to the rollout devices
-        self.trained: tuple | None = None  # the step's results once its update is done, until published
+        self.trained: Trained | None = None  # the step once its update is done, until published
         self.syncing: list = []  # the step's weight-sync calls, once queued
         self.injector = faults.Injector(runtime.spec.test_kill)  # the fault tests' kills (POISE_TEST_KILL)
         self.recoveries = 0
@@ -95,75 +111,100 @@ class Driver:
                 t_start = self.now()
                 problems = self.source.problems(step)
                 # generate, score, train, publish; after a worker death, again from the phase that broke
-                scored, stats, micro, updates, t_gen, t_train, sync_s = self.survive(
-                    log, step, "step", lambda: self.train_step(log, step, problems))
-                t_end = self.now()
-                check_finite(step, stats, self.run_dir)  # a NaN update stops the run before any save
+                trained = self.survive(log, step, "step", lambda: self.step(log, step, problems))
+                times = (t_start, trained.t_gen, trained.t_train, self.now())
+                check_finite(step, trained.stats, self.run_dir)  # a NaN update stops the run before any save
                 evals = self.survive(log, step, "eval", lambda: self.evaluation.after_step(self.rt, step, self.version)
                                      ) if self.evaluation is not None else {}  # eval/...: held-out, on rollout devices
-                row = self.log_step(log, step, problems, scored, stats, micro, updates,
-                                    (t_start, t_gen, t_train, t_end), sync_s, evals)
+                row = self.log_step(log, step, problems, trained, times, evals)
                 rows.append(row)
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
                 if stop:
                     raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
-                self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
-                joined = self.scale.after_step(log, step, (t_start, t_gen, t_train, t_end), micro, updates,
-                                               self.version)
-                if joined is not None:
-                    self.rt.install(joined)
+                self.maybe_resize(log, step, trained.scored, times)  # the split of step k+1
+                self.maybe_scale_out(log, step, trained, times)  # reserve devices join for step k+1
         return rows
 
-    def train_step(self, log: RunLog, step: int, problems: list[Problem]):
-        """Step `step` up to weights version k+1 on every rollout device. Once its update is done
-        (`self.trained`), running it again after a recovery only publishes the weights again."""
+    def maybe_scale_out(self, log: RunLog, step: int, trained: Trained, times: tuple[float, float, float, float]
+                        ) -> None:
+        """Once per step the scale policy decides; joined reserve devices are rollout devices from here on."""
+        joined = self.scale.after_step(log, step, times, trained.micro, trained.updates, self.version)
+        if joined is not None:
+            self.rt.install(joined)
+
+    def step(self, log: RunLog, step: int, problems: list[Problem]) -> Trained:
+        """Step `step` up to weights version k+1 on every rollout device: train, then publish. After
+        a recovery it goes on from the phase that broke: once its update is done (`self.trained`),
+        only the weights go out again."""
         if self.trained is None:
-            # expected ids, mini/micro-batches and owners; the weights version its last update makes
-            self.rt.trainer.start_step(self.plan(step), self.version + 1)
-            if self.kind == "async":  # train on step k (generated last step) while generating k+1
-                scored = self.generated.get(step) or self.generate(step, problems)
-                self.generated[step] = scored
-                ahead = self.source.problems(step + 1) if step + 1 < self.cfg.run.steps else None
-                ahead = ahead if step + 1 not in self.generated else None  # a recovery kept it
-                if ahead:
-                    self.start_generation(step + 1, ahead)  # with weights k, while k trains
-                self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
-                self.injector.at(self.rt, "train", step)
-                if ahead:
-                    self.rt.trainer.expect_next(self.plan(step + 1))  # its micro-batches put as they complete
-                    self.generated[step + 1] = self.collector.collect(ahead, step=step + 1)
-            elif step in self.generated:  # a recovery kept the step's samples: train on them
-                scored = self.generated[step]
-                self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
-            else:  # each sample goes to the trainer the moment it is scored
-                scored = self.generated[step] = self.generate(step, problems, stream_to_trainer=True)
-            t_gen = self.now()
-            if self.kind != "async":
-                self.injector.at(self.rt, "train", step)
-            syncing = self.syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
-            self.queue_next_generation(step)  # behind the sync on every rollout device
-            stats, micro, updates = self.rt.trainer.finish_step()  # train
-            t_train = self.now()
-            if self.pending_resize is not None:
-                self.log_resize(log, updates)
-            self.version += 1
-            self.trained = (scored, stats, micro, updates, t_gen, t_train, syncing)
-        scored, stats, micro, updates, t_gen, t_train, syncing = self.trained
-        if syncing is None:  # a recovery after the update: the weights go out again
-            ahead = step + 1 < self.cfg.run.steps and step + 1 not in self.generated
-            if self.kind == "async" and ahead:  # first the next step's samples, with the weights before it
-                problems_ahead = self.source.problems(step + 1)
-                self.start_generation(step + 1, problems_ahead)
-                self.generated[step + 1] = self.collector.collect(problems_ahead, step=step + 1)
-            syncing = self.rt.publish_refs(self.version, None)
-            self.queue_next_generation(step)
+            self.trained = self.train(log, step, problems)
+            syncing = self.trained.syncing
+        else:
+            syncing = self.publish_again(step)
         self.injector.at(self.rt, "publish", step)
-        sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
+        trained = self.trained
+        trained.sync_s = self.publish(log, step, syncing)  # weights version k+1 on every rollout device
         self.trained = None
         self.generated.pop(step, None)
-        return scored, stats, micro, updates, t_gen, t_train, sync_s
+        return trained
+
+    def train(self, log: RunLog, step: int, problems: list[Problem]) -> Trained:
+        """Generate, score and train step `step`, and queue its weight sync behind the last update."""
+        # expected ids, mini/micro-batches and owners; the weights version its last update makes
+        self.rt.trainer.start_step(self.plan(step), self.version + 1)
+        scored = self.feed_async(step, problems) if self.kind == "async" else self.feed_sync(step, problems)
+        t_gen = self.now()
+        if self.kind != "async":
+            self.injector.at(self.rt, "train", step)
+        syncing = self.syncing = self.rt.publish_weights_refs(self.version + 1)  # queued behind the last update
+        self.queue_next_generation(step)  # behind the sync on every rollout device
+        stats, micro, updates = self.rt.trainer.finish_step()  # train
+        t_train = self.now()
+        if self.pending_resize is not None:
+            self.log_resize(log, updates)
+        self.version += 1
+        return Trained(scored, stats, micro, updates, t_gen, t_train, syncing)
+
+    def feed_sync(self, step: int, problems: list[Problem]) -> list[tuple[Sample, float]]:
+        """sync: generate step `step` with weights k; each sample goes to the trainer the moment it
+        is scored. After a recovery the samples it kept are fed again."""
+        if step in self.generated:  # a recovery kept the step's samples: train on them
+            scored = self.generated[step]
+            self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
+            return scored
+        scored = self.generated[step] = self.generate(step, problems, stream_to_trainer=True)
+        return scored
+
+    def feed_async(self, step: int, problems: list[Problem]) -> list[tuple[Sample, float]]:
+        """async: train on step k (generated during step k-1, with weights k-1) while step k+1
+        generates with weights k, its micro-batches put in the object store as they complete."""
+        scored = self.generated.get(step) or self.generate(step, problems)
+        self.generated[step] = scored
+        ahead = self.source.problems(step + 1) if step + 1 < self.cfg.run.steps else None
+        ahead = ahead if step + 1 not in self.generated else None  # a recovery kept it
+        if ahead:
+            self.start_generation(step + 1, ahead)  # with weights k, while k trains
+        self.rt.trainer.feed(sorted(scored, key=lambda x: x[0].sample_id))
+        self.injector.at(self.rt, "train", step)
+        if ahead:
+            self.rt.trainer.expect_next(self.plan(step + 1))  # its micro-batches put as they complete
+            self.generated[step + 1] = self.collector.collect(ahead, step=step + 1)
+        return scored
+
+    def publish_again(self, step: int) -> list:
+        """Re-entry after a recovery that followed step `step`'s update: the new actors hold the
+        weights they generated with. In async the next step's samples come first, with the weights
+        before this update; then weights k+1 go out again. Returns the sync's calls."""
+        ahead = step + 1 < self.cfg.run.steps and step + 1 not in self.generated
+        if self.kind == "async" and ahead:  # first the next step's samples, with the weights before it
+            problems_ahead = self.source.problems(step + 1)
+            self.start_generation(step + 1, problems_ahead)
+            self.generated[step + 1] = self.collector.collect(problems_ahead, step=step + 1)
+        syncing = self.rt.publish_refs(self.version, None)
+        self.queue_next_generation(step)
+        return syncing
 
     def survive(self, log: RunLog, step: int, phase: str, run):
         """`run()` phase `phase` of step `step`; if a worker dies in it, recover (runtime/faults.py)
@@ -203,14 +244,14 @@ class Driver:
             if done == "all":  # async: the update ended on every train device, the next step's generation broke
                 stats, micro, updates = self.rt.trainer.finish_step()
                 self.version += 1
-                self.trained = (self.generated[step], stats, micro, updates, self.now(), self.now(), None)
+                self.trained = Trained(self.generated[step], stats, micro, updates, self.now(), self.now())
         phase = "publish" if self.trained is not None else phase
-        broken = faults.step_refs(self.rt.trainer) + self.syncing + list((self.trained or [None])[-1] or [])
+        broken = faults.step_refs(self.rt.trainer) + self.syncing + list(self.trained and self.trained.syncing or [])
         recovery = faults.recover(self.rt, lost, step, self.version, rollout_version, self.run_dir, c)
         self.rt.install(recovery.topology)
         faults.drain(broken)  # the dead step's failed calls: read here, not printed by Ray as unhandled
-        if self.trained is not None:  # publish again (train_step): the rollout devices hold the weights they
-            self.trained = self.trained[:-1] + (None,)  # generated with, which an async step may still need
+        if self.trained is not None:  # publish again (publish_again): the rollout devices hold the weights
+            self.trained.syncing = None  # they generated with, which an async step may still need
         self.started = set(self.generated)  # what the dead actors were generating starts again
         killed = self.injector.kill_time()
         log.event("recovery", self.now(), step=step, phase=phase, devices=lost.devices, source=recovery.source,
@@ -372,13 +413,13 @@ class Driver:
             prune_checkpoints(self.run_dir, run.keep_checkpoints)
 
     # --- the log -------------------------------------------------------------------------------
-    def log_step(self, log: RunLog, step: int, problems: list[Problem], scored, stats: dict, micro: list[dict],
-                 updates: list[dict], times: tuple[float, float, float, float], sync_s: float,
-                 evals: dict | None = None) -> dict:
+    def log_step(self, log: RunLog, step: int, problems: list[Problem], trained: Trained,
+                 times: tuple[float, float, float, float], evals: dict | None = None) -> dict:
         """Events and the metrics row of step `step`: its own samples (each with its own finish time
         and instance), its generation intervals (in async, run during the step before) and its
         training intervals."""
         t_start, t_gen, t_train, t_end = times
+        scored, stats, micro, updates = trained.scored, trained.stats, trained.micro, trained.updates
         dynamic = self.collector.dynamic.pop(step, None)
         problems = dynamic.problems if dynamic is not None else problems  # slot i's problem
         ordered = sorted(scored, key=lambda x: x[0].sample_id)
@@ -420,7 +461,7 @@ class Driver:
                       **episode_event_fields(s, tokens))
         self.rt.service.forget(step)
         log.event("step", t_end, step=step, start=t_start, end=t_end, rollout_s=t_gen - t_start,
-                  train_s=t_train - t_gen, sync_s=sync_s, reward_mean=row["reward_mean"],
+                  train_s=t_train - t_gen, sync_s=trained.sync_s, reward_mean=row["reward_mean"],
                   tokens=row["tokens"], split=row["split"], mode=self.cfg.pipeline.mode)
         row.update(evals or {})  # eval/...: the held-out metrics of this step's weights
         log.metrics(row)
