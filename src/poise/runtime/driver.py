@@ -104,7 +104,7 @@ class Driver:
 
     # --- the loop ------------------------------------------------------------------------------
     def run(self, log: RunLog) -> list[dict]:
-        cfg, rows = self.cfg, []
+        cfg, metrics_rows = self.cfg, []
         with StepProgress("train", cfg.run.steps, enabled=cfg.run.progress, completed=self.start_step) as bar, \
                 interrupt.graceful(self.run_dir):
             for step in range(self.start_step, cfg.run.steps):
@@ -117,7 +117,7 @@ class Driver:
                 evals = self.survive(log, step, "eval", lambda: self.evaluation.after_step(self.rt, step, self.version)
                                      ) if self.evaluation is not None else {}  # eval/...: held-out, on rollout devices
                 row = self.log_step(log, step, problems, trained, times, evals)
-                rows.append(row)
+                metrics_rows.append(row)
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
@@ -125,7 +125,7 @@ class Driver:
                     raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
                 self.maybe_resize(log, step, trained.scored, times)  # the split of step k+1
                 self.maybe_scale_out(log, step, trained, times)  # reserve devices join for step k+1
-        return rows
+        return metrics_rows
 
     def maybe_scale_out(self, log: RunLog, step: int, trained: Trained, times: tuple[float, float, float, float]
                         ) -> None:

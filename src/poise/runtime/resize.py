@@ -155,7 +155,7 @@ def live_resize(rt: Resizable, to: Split, version: int, step: int, cluster: Clus
     if rt.sharded:  # first: a leaving owner hands its state on before its engine starts (it waits for that)
         t = time.perf_counter()
         old_train = list(before.train)
-        if rt.fully_sharded:  # the parameters are sharded too: a leaving device takes the whole model, a staying one its new run
+        if rt.fully_sharded:  # parameters sharded too: a leaving device takes the whole model, a staying one its new run
             gathered = on(old_train, lambda w: w.gather_weights.remote(new_train))
             report.weights_held = {d: held for d, (held, _) in zip(old_train, gathered)}
             report.weights_received = {d: received for d, (_, received) in zip(old_train, gathered)}

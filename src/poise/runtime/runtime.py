@@ -137,12 +137,13 @@ class Runtime:
         self.service = StreamGenerationService([self.workers[d] for d in self.rollout_ranks], self.rollout_ranks,
                                                self.dispatcher, self.ranker, algo.group_size,
                                                self.cfg.rollout.num_slots, step_timeout_s=c.step_timeout_s,
-                                               **self.lenders())
+                                               **self.train_devices_in_generation())
         if old is not None:  # a hard resize: what the old service knew of samples not yet logged
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s, lockstep=self.fully_sharded, **self.helpers())
+                                    step_timeout_s=c.step_timeout_s, lockstep=self.fully_sharded,
+                                    **self.rollout_devices_in_training())
 
     @property
     def sharded(self) -> bool:
@@ -166,13 +167,13 @@ class Runtime:
         return self.service.publish_weights_refs(self.workers[self.leader], self.leader, version,
                                                  self.cfg.rollout.weight_bucket_mb, after, owners)
 
-    def helpers(self) -> dict:
+    def rollout_devices_in_training(self) -> dict:
         """`pipeline.assist`: the pool's rollout devices (a joined reserve device is not in the
         prewarmed group of the pool), which compute a share of the training tail."""
         ranks = [d for d in self.rollout_ranks if d not in self.topology.joined] if self.cfg.pipeline.assist else []
         return {"helpers": [self.workers[d] for d in ranks], "helper_ranks": ranks}
 
-    def lenders(self) -> dict:
+    def train_devices_in_generation(self) -> dict:
         """`pipeline.assist`: the train devices, which generate beside the rollout devices while
         a sync step generates (they hold that step's weights)."""
         ranks = list(self.train_ranks) if self.cfg.pipeline.assist else []
@@ -206,8 +207,9 @@ class Runtime:
         regroup = topology.train != self.topology.train
         self.topology = topology
         if regroup:
-            self.trainer.set_devices([self.workers[d] for d in self.train_ranks], self.train_ranks, **self.helpers())
-            self.service.set_lenders(**self.lenders())
+            self.trainer.set_devices([self.workers[d] for d in self.train_ranks], self.train_ranks,
+                                     **self.rollout_devices_in_training())
+            self.service.set_lenders(**self.train_devices_in_generation())
 
     def publish_weights_refs(self, version: int) -> list:
         """Queue weights `version` from the train leader to every rollout device behind the step's
