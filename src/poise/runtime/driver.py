@@ -31,8 +31,7 @@ from poise.episodes.runner import EpisodeRunner
 from poise import interrupt
 from poise.errors import PoiseError
 from poise.metrics import step_metrics
-from poise.policy.controller import ResizeController, ResizePolicy, StepObservation, make_resize_policy
-from poise.policy.cost import CostModel
+from poise.policy.controller import ResizeController, ResizePolicy, StepObservation
 from poise.policy.plan import StepPlan, plan_step
 from poise.policy.split import Split
 from poise.rewards.functions import resolve_functions
@@ -43,7 +42,7 @@ from poise.runtime import faults
 from poise.runtime.collect import Collector, DynamicStep
 from poise.runtime.evaluation import RolloutEvaluation
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize
-from poise.runtime.runtime import Runtime, StepSource
+from poise.runtime.runtime import Runtime, StepSource, choose_split, resize_policy
 from poise.runtime.scale import ScaleOut
 from poise.runtime.topology import Topology
 from poise.schema import dump, to_dict
@@ -466,48 +465,6 @@ class Driver:
         row.update(evals or {})  # eval/...: the held-out metrics of this step's weights
         log.metrics(row)
         return row
-
-
-def resize_policy(cfg: TrainConfig, emulation_cost: CostModel | None) -> ResizePolicy:
-    """The job's resize policy, as the simulator builds it. Its cost model: the scenario's under
-    emulated compute; on real compute this machine's `poise profile` (cluster.profile), else the
-    built-in model, which the controller calibrates to the measured step phases."""
-    cost = emulation_cost
-    if cost is None:
-        cost = CostModel()
-        if cfg.cluster.profile is not None:
-            import json
-
-            path = Path(cfg.cluster.profile)
-            try:
-                cost = CostModel.from_profile(json.loads(path.read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise PoiseError(f"cluster.profile '{path}' is not a `poise profile` JSON ({e}); "
-                                 "write one with `poise profile --out PATH` or drop cluster.profile") from None
-    a = cfg.algorithm
-    micro = sum(len(m.micro) for m in plan_step(0, a.prompts_per_step, a.group_size,
-                                                 updates_per_step=a.updates_per_step,
-                                                 micro_batch_size=a.micro_batch_size).minis)
-    return make_resize_policy(cfg.resize, cfg.controller, cost, cfg.pipeline.kind, cfg.cluster.devices, 1,
-                              cfg.rollout.num_slots, micro)
-
-
-def choose_split(cfg: TrainConfig, source: StepSource) -> tuple[int, int]:
-    if cfg.cluster.split:
-        return cfg.cluster.split[0], cfg.cluster.split[1]
-    from poise.policy.allocator import StepWorkload, allocate
-
-    # A representative step: step 0's prompts, their reference answers' lengths (+EOS), and the
-    # step plan's micro-batch count.
-    a = cfg.algorithm
-    problems = source.problems(0)
-    lengths = tuple(len(p.answer) + 1 for p in problems for _ in range(a.group_size))
-    prompt_len = round(sum(len(source.prompt_ids(p)) for p in problems) / len(problems))
-    plan = plan_step(0, a.prompts_per_step, a.group_size, updates_per_step=a.updates_per_step,
-                     micro_batch_size=a.micro_batch_size)
-    alloc = allocate(CostModel(), StepWorkload(lengths, prompt_len), cfg.cluster.devices, cfg.pipeline.kind,
-                     batch_caps=(cfg.rollout.num_slots,), micro_batches=sum(len(m.micro) for m in plan.minis))
-    return alloc.split.rollout, alloc.split.train
 
 
 def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None) -> list[dict]:

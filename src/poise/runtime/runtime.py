@@ -1,7 +1,8 @@
 """The job's device pool at run time: the worker actors in their roles, and the two services over
 them (the stream generation service on the rollout devices, the trainer group on the train devices).
 Start-up places the actors and prewarms every communicator the job may use; `shutdown` releases
-them and the placement groups."""
+them and the placement groups. Also what a job decides before it starts: its split
+(`choose_split`), the splits a resize may move between and its resize policy."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from ray.exceptions import RayActorError, RayTaskError
 from poise.config import TrainConfig
 from poise.data.prompts import TaskSteps, fitted_context
 from poise.data.tasks import Problem
+from poise.errors import PoiseError
+from poise.policy.controller import ResizePolicy, make_resize_policy
 from poise.policy.cost import CostModel
 from poise.policy.dispatch import build_dispatch
+from poise.policy.plan import plan_step
 from poise.policy.split import Split
 from poise.rewards.scorer import PendingRewards
 from poise.runtime import faults
@@ -286,3 +290,45 @@ def resize_transitions(cfg: TrainConfig, initial: tuple[int, int]) -> list[tuple
         ordered = sorted(allowed, key=lambda s: s.rollout)
         return [(a, b) for a in ordered for b in ordered if a != b]
     return []
+
+
+def resize_policy(cfg: TrainConfig, emulation_cost: CostModel | None) -> ResizePolicy:
+    """The job's resize policy, as the simulator builds it. Its cost model: the scenario's under
+    emulated compute; on real compute this machine's `poise profile` (cluster.profile), else the
+    built-in model, which the controller calibrates to the measured step phases."""
+    cost = emulation_cost
+    if cost is None:
+        cost = CostModel()
+        if cfg.cluster.profile is not None:
+            import json
+
+            path = Path(cfg.cluster.profile)
+            try:
+                cost = CostModel.from_profile(json.loads(path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise PoiseError(f"cluster.profile '{path}' is not a `poise profile` JSON ({e}); "
+                                 "write one with `poise profile --out PATH` or drop cluster.profile") from None
+    a = cfg.algorithm
+    micro = sum(len(m.micro) for m in plan_step(0, a.prompts_per_step, a.group_size,
+                                                 updates_per_step=a.updates_per_step,
+                                                 micro_batch_size=a.micro_batch_size).minis)
+    return make_resize_policy(cfg.resize, cfg.controller, cost, cfg.pipeline.kind, cfg.cluster.devices, 1,
+                              cfg.rollout.num_slots, micro)
+
+
+def choose_split(cfg: TrainConfig, source: StepSource) -> tuple[int, int]:
+    if cfg.cluster.split:
+        return cfg.cluster.split[0], cfg.cluster.split[1]
+    from poise.policy.allocator import StepWorkload, allocate
+
+    # A representative step: step 0's prompts, their reference answers' lengths (+EOS), and the
+    # step plan's micro-batch count.
+    a = cfg.algorithm
+    problems = source.problems(0)
+    lengths = tuple(len(p.answer) + 1 for p in problems for _ in range(a.group_size))
+    prompt_len = round(sum(len(source.prompt_ids(p)) for p in problems) / len(problems))
+    plan = plan_step(0, a.prompts_per_step, a.group_size, updates_per_step=a.updates_per_step,
+                     micro_batch_size=a.micro_batch_size)
+    alloc = allocate(CostModel(), StepWorkload(lengths, prompt_len), cfg.cluster.devices, cfg.pipeline.kind,
+                     batch_caps=(cfg.rollout.num_slots,), micro_batches=sum(len(m.micro) for m in plan.minis))
+    return alloc.split.rollout, alloc.split.train
