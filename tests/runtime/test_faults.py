@@ -241,6 +241,7 @@ def test_an_unrecoverable_death_names_the_newest_checkpoint_that_verifies(tmp_pa
     from poise.config import TinyModelConfig
     from poise.model.loading import build_tiny
     from poise.runtime.faults import unrecoverable
+    from poise.runtime.topology import Topology
     from poise.training.checkpoint import TrainState, checkpoint_dir, save_checkpoint
 
     model = build_tiny(TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -252,7 +253,7 @@ def test_an_unrecoverable_death_names_the_newest_checkpoint_that_verifies(tmp_pa
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # a flipped bit in the newest checkpoint's last weight
     weights.write_bytes(bytes(data))
-    rt = types.SimpleNamespace(train_ranks=[1], rollout_ranks=[0])
+    rt = types.SimpleNamespace(topology=Topology(rollout=(0,), train=(1,)))
     line = unrecoverable(rt, [1], 4, tmp_path, "no train device is left")
     assert "step_000002" in line and f"--resume {tmp_path}" in line, line
     assert "step_000003" in line and "sha256" in line, line  # the damaged one is named as such

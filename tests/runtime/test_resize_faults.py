@@ -9,10 +9,13 @@ from types import SimpleNamespace
 import pytest
 import ray
 
+from poise.config import ClusterConfig
+from poise.policy.controller import ResizeConfig
 from poise.policy.split import Split
 from poise.runtime.driver import train_disaggregated
 from poise.runtime.faults import StepTimeout
 from poise.runtime.resize import live_resize
+from poise.runtime.topology import Topology
 
 from fault_runs import assert_logged_once, baseline, run_once
 
@@ -35,13 +38,13 @@ def test_a_resize_wait_has_a_deadline(ray_session):
     line naming the device within a few deadlines; without a deadline it waits for ever."""
     devices = [_StuckDevice.remote() for _ in range(4)]
     ray.get([d.ready.remote() for d in devices])
-    rt = SimpleNamespace(split=Split(2, 2), rollout_ranks=[0, 1], train_ranks=[2, 3], sharded=False, full=False,
-                         workers=devices, cfg=SimpleNamespace(cluster=SimpleNamespace(step_timeout_s=2.0)))
+    rt = SimpleNamespace(topology=Topology.of_split(Split(2, 2)), sharded=False, fully_sharded=False, workers=devices)
     outcome: list = []
 
     def resize() -> None:
         try:
-            live_resize(rt, Split(1, 3), version=1, step=0, staging_mb=1.0)
+            live_resize(rt, Split(1, 3), version=1, step=0, cluster=ClusterConfig(step_timeout_s=2.0),
+                        resize=ResizeConfig(staging_mb=1.0))
             outcome.append("returned")
         except Exception as e:  # noqa: BLE001 - the test reads it below
             outcome.append(e)

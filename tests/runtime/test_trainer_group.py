@@ -37,17 +37,17 @@ def test_an_async_steps_micro_batches_are_put_while_it_generates(ray_session, tm
 
     group.expect_next(plan)
     group.arrive_ahead([samples[(1, 0, 0)], samples[(1, 0, 1)], samples[(1, 1, 0)]])  # group 1 not complete yet
-    assert set(group.put_ahead) == {((1, 0, 0), (1, 0, 1))}
+    assert set(group.early_refs) == {((1, 0, 0), (1, 0, 1))}
     group.arrive_ahead([samples[(1, 1, 1)]])
-    ahead = {ids: ref.hex() for ids, (ref, _) in group.put_ahead.items()}
+    ahead = {ids: ref.hex() for ids, (ref, _) in group.early_refs.items()}
     assert set(ahead) == {((1, 0, 0), (1, 0, 1)), ((1, 1, 0), (1, 1, 1))}
 
     group.start_step(plan, version=2)
     regenerated = dataclasses.replace(samples[(1, 1, 1)], finish_time=2.0)  # generated again after a recovery
     fed = [samples[(1, 0, 0)], samples[(1, 0, 1)], samples[(1, 1, 0)], regenerated]  # group 2 still to come
     group.feed([(s, 1.0) for s in fed])
-    assert group.staged[(0, 0)].hex() == ahead[((1, 0, 0), (1, 0, 1))]  # put ahead: only a reference sent
-    assert group.staged[(0, 1)].hex() != ahead[((1, 1, 0), (1, 1, 1))]  # fed another sample: put again
-    assert ray_session.get(group.staged[(0, 1)])[1] == regenerated != samples[(1, 1, 1)]
-    assert group.put_ahead == {}
+    assert group.batch_refs[(0, 0)].hex() == ahead[((1, 0, 0), (1, 0, 1))]  # put ahead: only a reference sent
+    assert group.batch_refs[(0, 1)].hex() != ahead[((1, 1, 0), (1, 1, 1))]  # fed another sample: put again
+    assert ray_session.get(group.batch_refs[(0, 1)])[1] == regenerated != samples[(1, 1, 1)]
+    assert group.early_refs == {}
     ray_session.kill(device[0])

@@ -33,13 +33,19 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from poise.config import ClusterConfig
 from poise.errors import PoiseError
+from poise.policy.split import Split
 from poise.runtime import hosting
+from poise.runtime.topology import Devices, Topology
+
+if TYPE_CHECKING:
+    from poise.runtime.storage import CheckpointStore
 
 PROBE_S = 5.0  # how long a survivor has to answer the probe after a failure
 START_UP_S = 300.0  # at least this long for the actors' start (model build, rendezvous) on a loaded machine
@@ -63,8 +69,8 @@ class WorkerLost(Exception):
         super().__init__(f"device(s) {self.devices} lost during {what}")
 
 
-def role_of(rt, device: int) -> str:
-    return "train" if device in rt.train_ranks else "rollout" if device in rt.rollout_ranks else "idle"
+def role_of(rt: Devices, device: int) -> str:
+    return rt.topology.role_of(device)
 
 
 def wait(refs: Sequence, devices: Sequence[int], what: str, timeout_s: float, rt=None, role: str | None = None
@@ -165,22 +171,40 @@ def settled_updates(trainer, timeout_s: float) -> str:
     return "none" if ok == 0 else "all" if ok == len(refs) and trainer.next_mini == len(trainer.plan.minis) else "some"
 
 
-def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int, run_dir: Path, timeout_s: float
-            ) -> tuple[int, str, list[int]]:
-    """Replace every actor of `rt` (runtime.driver.Runtime) and restore a surviving replica on each:
-    the train devices get a surviving train device's weights and optimizer state (weights
-    `version`); the rollout devices get weights `rollout_version`, from a surviving rollout device
-    if the train devices already moved past it (async: the next step's generation needs the
-    weights before the update). Returns (source train device, a one-line description, the
-    survivors that did not answer the probe: busy in a collective with the dead device)."""
+class Recoverable(Devices, Protocol):
+    """What a recovery works on (runtime.runtime.Runtime): the devices, the checkpoint store that
+    saves and loads the surviving replica, and the actors' start in a topology."""
+
+    store: CheckpointStore
+    transitions: list[tuple[Split, Split]]  # the splits a live resize may move between
+
+    def start(self, topology: Topology, transitions: list[tuple[Split, Split]]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Recovery:
+    topology: Topology  # the devices' roles after it: those of the step that broke
+    source: int  # the train device whose replica was restored
+    what: str  # one line for the console
+    silent: list[int]  # survivors that did not answer the probe: busy in a collective with the dead device
+
+
+def recover(rt: Recoverable, lost: WorkerLost, step: int, version: int, rollout_version: int, run_dir: Path,
+            cluster: ClusterConfig) -> Recovery:
+    """Replace every actor of `rt` and restore a surviving replica on each, in the roles of
+    `rt.topology`: the train devices get a surviving train device's weights and optimizer state
+    (weights `version`); the rollout devices get weights `rollout_version`, from a surviving
+    rollout device if the train devices already moved past it (async: the next step's generation
+    needs the weights before the update)."""
+    topology = rt.topology
     dead = sorted(set(lost.devices) | set(dead_devices(rt)))
     roles = [role_of(rt, d) for d in dead]
-    survivors = [d for d in rt.train_ranks if d not in dead]
+    survivors = [d for d in topology.train if d not in dead]
     if not survivors:
         raise RunFailure(unrecoverable(rt, dead, step, run_dir, "no train device survives to restore from"))
-    if getattr(rt, "sharded", False) and any(d in rt.train_ranks for d in dead):
-        what = "weights and optimizer state" if getattr(rt, "full", False) else "optimizer state"
-        raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"with cluster.shard={rt.cfg.cluster.shard} its part "
+    if rt.sharded and any(d in topology.train for d in dead):
+        what = "weights and optimizer state" if rt.fully_sharded else "optimizer state"
+        raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"with cluster.shard={cluster.shard} its part "
                                                                 f"of the {what} has no replica"))
     held = {d: v for d, v in zip(range(len(rt.workers)), _held_versions(rt, dead))}
     silent = [d for d, v in held.items() if v is None and d not in dead]
@@ -194,7 +218,7 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
                                                                 f"{held[source]}, not {version}"))
     rollout_source = source
     if rollout_version != version:
-        rollout_source = next((d for d in rt.rollout_ranks if d not in dead and held[d] == rollout_version), None)
+        rollout_source = next((d for d in topology.rollout if d not in dead and held[d] == rollout_version), None)
         if rollout_source is None:
             raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"no device holds weights version "
                                                                     f"{rollout_version} any more"))
@@ -215,22 +239,22 @@ def recover(rt, lost: WorkerLost, step: int, version: int, rollout_version: int,
         if problem is not None:
             raise RunFailure(unrecoverable(rt, dead, step, run_dir, f"the replica device {d} saved does not verify "
                                                                     f"({problem})"))
-    split, rollout_ranks = rt.split, set(rt.rollout_ranks)
+    rollout_ranks = set(topology.rollout)
     stop_workers(rt.workers, PROBE_S)
-    rt.start(split, rt.transitions)
+    rt.start(topology, rt.transitions)
     path_of = [paths[rollout_source] if d in rollout_ranks else paths[source] for d in range(len(rt.workers))]
     what = f"step {step}: restoring the surviving replica"
-    states = wait([w.load_checkpoint.remote(rt.store.readable(d, w, p, what), rt.train_ranks)
+    states = wait([w.load_checkpoint.remote(rt.store.readable(d, w, p, what), list(topology.train))
                    for d, (w, p) in enumerate(zip(rt.workers, path_of))], list(range(len(rt.workers))), what,
-                  timeout_s, rt)
+                  cluster.step_timeout_s, rt)
     rt.store.release()
     shutil.rmtree(scratch, ignore_errors=True)
     want = [rollout_version if d in rollout_ranks else version for d in range(len(rt.workers))]
     if [v for _, v in states] != want:
         raise RunFailure(f"recovery at step {step}: devices restored weights versions {[v for _, v in states]}, "
                          f"expected {want}; resume from the last checkpoint with --resume {run_dir}")
-    return source, (f"device(s) {dead} ({', '.join(roles)}) died at step {step}; replaced, and restored from "
-                    f"device {source}"), silent
+    return Recovery(topology, source, f"device(s) {dead} ({', '.join(roles)}) died at step {step}; replaced, and "
+                                      f"restored from device {source}", silent)
 
 
 def step_refs(trainer) -> list:

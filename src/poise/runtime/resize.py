@@ -28,10 +28,16 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
+from poise.config import ClusterConfig
+from poise.policy.controller import ResizeConfig
+from poise.policy.cost import CostModel
 from poise.policy.split import Split
 from poise.runtime import faults
+from poise.runtime.service import StreamGenerationService
+from poise.runtime.storage import CheckpointStore
+from poise.runtime.topology import Devices, Topology
 
 
 def roles_of(split: Split) -> tuple[list[int], list[int]]:
@@ -107,45 +113,63 @@ class ResizeReport:
                 "weights_held_by_device": {str(d): b for d, b in self.weights_held.items()}}
 
 
-def _on(rt, devices: list[int], call, what: str, start_up: bool = False) -> list:
-    """`call(worker)` on each of `devices`, awaited with the step deadline (`faults.wait`): a hung
-    device ends the resize with one line, a dead one raises WorkerLost for the driver to recover.
-    `start_up`: an engine or a model is built, which gets the start-up allowance."""
-    timeout_s = rt.cfg.cluster.step_timeout_s
+class Resizable(Devices, Protocol):
+    """What a resize works on (runtime.runtime.Runtime): the devices, the stream generation
+    service whose instances change, and for a hard resize the checkpoint store and the actors'
+    stop and start."""
+
+    service: StreamGenerationService
+    store: CheckpointStore
+    emulation_cost: CostModel | None  # emulated compute: the scenario's prices
+    time_scale: float  # emulated compute: wall seconds per cost-model second
+
+    def stop(self) -> None: ...
+
+    def start(self, topology: Topology, transitions: list[tuple[Split, Split]]) -> None: ...
+
+
+def _on(rt: Devices, devices: list[int], call, what: str, timeout_s: float, start_up: bool = False) -> list:
+    """`call(worker)` on each of `devices`, awaited with the step deadline `timeout_s`
+    (`faults.wait`): a hung device ends the resize with one line, a dead one raises WorkerLost for
+    the driver to recover. `start_up`: an engine or a model is built, which gets the start-up
+    allowance."""
     if start_up:
         timeout_s = max(timeout_s, faults.START_UP_S)
     return faults.wait([call(rt.workers[d]) for d in devices], devices, what, timeout_s, rt)
 
 
-def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> ResizeReport:
-    """Move devices between roles on the running job `rt` (runtime.driver.Runtime) right after
-    weights `version` reached every device."""
-    old = rt.split
+def live_resize(rt: Resizable, to: Split, version: int, step: int, cluster: ClusterConfig, resize: ResizeConfig
+                ) -> tuple[Topology, ResizeReport]:
+    """Move devices between roles on the running job `rt` right after weights `version` reached
+    every device. Returns the topology of `to`, for the runtime to install, and the report."""
+    before = rt.topology
+    old, after = before.split, before.resized(to)
     what = f"the resize {old.as_list()} -> {to.as_list()} after step {step}"
-    new_rollout, new_train = roles_of(to)
-    to_train = [d for d in rt.rollout_ranks if d in new_train]
-    to_rollout = [d for d in rt.train_ranks if d in new_rollout]
+    new_rollout, new_train = list(after.rollout), list(after.train)
+    to_train = [d for d in before.rollout if d in new_train]
+    to_rollout = [d for d in before.train if d in new_rollout]
     report = ResizeReport(step, old, to, to_train, to_rollout)
-    workers = rt.workers
+    workers, staging_bytes = rt.workers, int(resize.staging_mb * 2**20)
+    on = lambda devices, call, start_up=False: _on(rt, devices, call, what, cluster.step_timeout_s,  # noqa: E731
+                                                   start_up)
     if rt.sharded:  # first: a leaving owner hands its state on before its engine starts (it waits for that)
         t = time.perf_counter()
-        old_train = list(rt.train_ranks)
-        if rt.full:  # the parameters are sharded too: a leaving device takes the whole model, a staying one its new run
-            gathered = _on(rt, old_train, lambda w: w.gather_weights.remote(new_train), what)
+        old_train = list(before.train)
+        if rt.fully_sharded:  # parameters sharded too: a leaving device takes the whole model, a staying one its new run
+            gathered = on(old_train, lambda w: w.gather_weights.remote(new_train))
             report.weights_held = {d: held for d, (held, _) in zip(old_train, gathered)}
             report.weights_received = {d: received for d, (_, received) in zip(old_train, gathered)}
         report.staged_by = sorted(set(old_train) | set(new_train))
-        _on(rt, report.staged_by, lambda w: w.reshard_optimizer.remote(old_train, new_train, int(staging_mb * 2**20)),
-            what)
+        on(report.staged_by, lambda w: w.reshard_optimizer.remote(old_train, new_train, staging_bytes))
         report.phases["optimizer_staging_start"] = time.perf_counter() - t
 
     t = time.perf_counter()  # the leaving rollout devices give their generation back
-    taken = _on(rt, to_train, lambda w: w.abort_generation.remote(), what)
+    taken = on(to_train, lambda w: w.abort_generation.remote())
     rt.service.remove_instances(to_train)
     report.phases["abort"] = time.perf_counter() - t
 
     t = time.perf_counter()  # train -> rollout: the engine starts from the weights it holds
-    _on(rt, to_rollout, lambda w: w.become.remote("rollout", version), what, start_up=True)
+    on(to_rollout, lambda w: w.become.remote("rollout", version), start_up=True)
     rt.service.add_instances([workers[d] for d in to_rollout], to_rollout)
     report.phases["engine_build"] = time.perf_counter() - t
 
@@ -158,41 +182,40 @@ def live_resize(rt, to: Split, version: int, step: int, staging_mb: float) -> Re
     report.phases["hand_over"] = time.perf_counter() - t
 
     t = time.perf_counter()  # rollout -> train: cached groups, weights already current
-    _on(rt, to_train, lambda w: w.become.remote("train", version), what, start_up=True)
-    if rt.full:  # a joining device keeps its run, like the devices that stayed
-        _on(rt, to_train, lambda w: w.shard_weights.remote(new_train), what)
-    peer = next(d for d in rt.train_ranks if d in new_train)  # a train device that stays
-    rt.rollout_ranks, rt.train_ranks, rt.leader = new_rollout, new_train, new_train[0]
-    rt.trainer.set_devices([workers[d] for d in new_train], new_train, **rt.helpers())
-    rt.service.set_lenders(**rt.lenders())
-    report.phases["group_switch"] = time.perf_counter() - t
+    on(to_train, lambda w: w.become.remote("train", version), start_up=True)
+    if rt.fully_sharded:  # a joining device keeps its run, like the devices that stayed
+        on(to_train, lambda w: w.shard_weights.remote(new_train))
+    peer = next(d for d in before.train if d in new_train)  # a train device that stays
+    report.phases["group_switch"] = time.perf_counter() - t  # the trainer takes the new group at `install`
 
     t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward
     if to_train and not rt.sharded:
         ranks = [peer] + to_train
-        _on(rt, ranks, lambda w: w.stage_optimizer.remote(peer, ranks, int(staging_mb * 2**20)), what)
+        on(ranks, lambda w: w.stage_optimizer.remote(peer, ranks, staging_bytes))
     if not rt.sharded:
         report.phases["optimizer_staging_start"] = time.perf_counter() - t
-    report.groups_created = sum(_on(rt, list(range(len(workers))), lambda w: w.groups_created_after_prewarm.remote(),
-                                    what))
-    return report
+    report.groups_created = sum(on(list(range(len(workers))), lambda w: w.groups_created_after_prewarm.remote()))
+    return after, report
 
 
-def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport:
+def hard_resize(rt: Resizable, to: Split, version: int, step: int, run_dir: Path, cluster: ClusterConfig
+                ) -> tuple[Topology, ResizeReport]:
     """The baseline (`resize.mode: hard`, DynaResize's restart): stop generating, checkpoint, kill
     every actor, place and start new ones on the new split, reload the checkpoint everywhere. The
     next step's generation is thrown away and starts again (same tokens: sampling is a function
     of the sample id). With emulated compute no weights exist: the checkpoint and the reload are
-    the scenario's priced phases (`cost.resize_hard`), slept."""
-    old = rt.split
-    new_rollout, new_train = roles_of(to)
-    report = ResizeReport(step, old, to, [d for d in rt.rollout_ranks if d in new_train],
-                          [d for d in rt.train_ranks if d in new_rollout], mode="hard")
+    the scenario's priced phases (`cost.resize_hard`), slept. Returns the topology of `to` (the
+    runtime's already: its actors start in it) and the report."""
+    before = rt.topology
+    old, after = before.split, Topology.of_split(to, before.joined)
+    report = ResizeReport(step, old, to, [d for d in before.rollout if d in after.train],
+                          [d for d in before.train if d in after.rollout], mode="hard")
     emulated = rt.emulation_cost is not None
     what = f"the hard resize {old.as_list()} -> {to.as_list()} after step {step}"
+    on = lambda devices, call: _on(rt, devices, call, what, cluster.step_timeout_s)  # noqa: E731
 
     t = time.perf_counter()
-    _on(rt, list(rt.rollout_ranks), lambda w: w.abort_generation.remote(), what)
+    on(list(before.rollout), lambda w: w.abort_generation.remote())
     report.phases["drain"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -200,7 +223,7 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
         time.sleep(rt.emulation_cost.resize("hard").critical_path_s * rt.time_scale)  # export + restore
         path = None
     else:
-        path = rt.store.save(rt.leader, rt.workers[rt.leader], Path(run_dir) / "resize-hard", step + 1, version,
+        path = rt.store.save(before.leader, rt.workers[before.leader], Path(run_dir) / "resize-hard", step + 1, version,
                              what=f"the hard resize after step {step}")
     report.phases["checkpoint"] = time.perf_counter() - t
 
@@ -209,35 +232,34 @@ def hard_resize(rt, to: Split, version: int, step: int, run_dir) -> ResizeReport
     report.phases["kill"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    rt.start(to, [])
+    rt.start(after, [])
     report.phases["start"] = time.perf_counter() - t
 
     t = time.perf_counter()
     if path is not None:
         devices = list(range(len(rt.workers)))
-        states = faults.wait([w.load_checkpoint.remote(rt.store.readable(d, w, path), rt.train_ranks)
+        states = faults.wait([w.load_checkpoint.remote(rt.store.readable(d, w, path), list(after.train))
                               for d, w in enumerate(rt.workers)], devices, what,
-                             max(rt.cfg.cluster.step_timeout_s, faults.START_UP_S), rt)
+                             max(cluster.step_timeout_s, faults.START_UP_S), rt)
         rt.store.release()
         if {v for _, v in states} != {version}:
             raise RuntimeError(f"hard resize: reloaded weights versions {sorted({v for _, v in states})}, "
                                f"expected {version}")
         shutil.rmtree(Path(run_dir) / "resize-hard", ignore_errors=True)
     else:
-        _on(rt, list(range(len(rt.workers))), lambda w: w.restore_version.remote(version), what)
+        on(list(range(len(rt.workers))), lambda w: w.restore_version.remote(version))
     report.phases["reload"] = time.perf_counter() - t
-    report.groups_created = sum(_on(rt, list(range(len(rt.workers))),
-                                    lambda w: w.groups_created_after_prewarm.remote(), what))
-    return report
+    report.groups_created = sum(on(list(range(len(rt.workers))), lambda w: w.groups_created_after_prewarm.remote()))
+    return after, report
 
 
-def finish_report(rt, report: ResizeReport, updates: Sequence[dict]) -> ResizeReport:
+def finish_report(rt: Devices, report: ResizeReport, updates: Sequence[dict], cluster: ClusterConfig) -> ResizeReport:
     """Complete a resize's report after the first step on the new split: what the staging moved,
     and how long that step's updates waited for it."""
     staged_by = report.staged_by or report.to_train  # sharded: every owner old and new; else the joiners
     if staged_by:
         reports = _on(rt, list(staged_by), lambda w: w.staging_report.remote(),
-                      f"the optimizer staging of the resize after step {report.step}")
+                      f"the optimizer staging of the resize after step {report.step}", cluster.step_timeout_s)
         report.staging = dict(zip(staged_by, reports))
     report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
     return report

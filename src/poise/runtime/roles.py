@@ -27,9 +27,9 @@ from poise.types import Request, Sample
 
 
 @dataclass(frozen=True)
-class StagedSamples:
+class PrefetchedSamples:
     """In a train call, in place of a micro-batch's samples: those sent to the device ahead of it
-    (`DeviceWorker.stage_samples`) under `key` = (step, mini-batch, micro-batch)."""
+    (`DeviceWorker.prefetch_samples`) under `key` = (step, mini-batch, micro-batch)."""
 
     key: tuple[int, int, int]
 

@@ -30,17 +30,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import ray
 
-from poise.policy.scale import ScaleDecision, ScaleObservation, ScalePolicy, first_step_served, make_scale_policy
+from poise.config import ClusterConfig
+from poise.policy.scale import ScaleConfig, ScaleObservation, ScalePolicy, first_step_served, make_scale_policy
+from poise.runtime.service import StreamGenerationService
+from poise.runtime.topology import Devices, Topology
 
 
-def join_chunks(cfg) -> list[list[int]]:
+def join_chunks(c: ClusterConfig, sc: ScaleConfig) -> list[list[int]]:
     """The reserve devices that join together, in joining order: the schedule's groups, or one at
-    a time (the controller). `cfg`: poise.config.TrainConfig."""
-    c, sc = cfg.cluster, cfg.scale
+    a time (the controller)."""
     reserve = list(range(c.devices, c.devices + c.reserve_devices))
     sizes = list(sc.scheduled().values()) if sc.schedule else [1] * sc.most_added(c.reserve_devices)
     chunks, first = [], 0
@@ -50,12 +52,12 @@ def join_chunks(cfg) -> list[list[int]]:
     return chunks
 
 
-def scale_rank_sets(cfg, leader: int, rollout: list[int]) -> list[list[int]]:
+def scale_rank_sets(cluster: ClusterConfig, scale: ScaleConfig, leader: int, rollout: list[int]) -> list[list[int]]:
     """Every communicator a join may use, in one order all workers agree on: after each join, the
     weight-sync group of the grown pool."""
     sets: list[list[int]] = []
     joined: list[int] = []
-    for chunk in join_chunks(cfg):
+    for chunk in join_chunks(cluster, scale):
         joined = joined + chunk
         sets.append([leader] + rollout + joined)
     return sets
@@ -80,15 +82,21 @@ class JoinReport:
                 "phases": dict(self.phases), "groups_created": self.groups_created}
 
 
-def join_rollout(rt, devices: list[int]) -> dict[str, float]:
-    """Reserve `devices` join the running job `rt` (runtime.driver.Runtime) as rollout instances;
-    the next weight sync includes them. Returns the seconds of each phase."""
+class Joinable(Devices, Protocol):
+    """What a join works on: the devices, and the stream generation service that adds instances."""
+
+    service: StreamGenerationService
+    time_scale: float  # emulated compute: wall seconds per cost-model second
+
+
+def join_rollout(rt: Joinable, devices: list[int]) -> tuple[Topology, dict[str, float]]:
+    """Reserve `devices` join the running job `rt` as rollout instances; the next weight sync
+    includes them. Returns the topology with them (a restart of the actors, fault recovery, keeps
+    them rollout instances) and the seconds of each phase."""
     t = time.perf_counter()
     ray.get([rt.workers[d].set_role.remote("rollout") for d in devices])
     rt.service.add_instances([rt.workers[d] for d in devices], devices)
-    rt.rollout_ranks = rt.rollout_ranks + devices
-    rt.joined = rt.joined + devices  # a restart of the actors (fault recovery) keeps them rollout instances
-    return {"add": time.perf_counter() - t}
+    return rt.topology.with_joined(devices), {"add": time.perf_counter() - t}
 
 
 class ScaleOut:
@@ -96,17 +104,20 @@ class ScaleOut:
     decision is logged) and a join happens here, between this step's weight sync and the next
     step's generation."""
 
-    def __init__(self, cfg, rt, now: Callable[[], float], policy: ScalePolicy | None = None):
-        self.cfg, self.rt, self.now = cfg, rt, now
-        self.policy = policy or make_scale_policy(cfg.scale, cfg.cluster.reserve_devices)
-        self.chunks = join_chunks(cfg)
+    def __init__(self, cluster: ClusterConfig, scale: ScaleConfig, steps: int, kind: str, rt: Joinable,
+                 now: Callable[[], float], policy: ScalePolicy | None = None):
+        """`steps`: run.steps; `kind`: the pipeline's (sync | stream | async)."""
+        self.scale, self.steps, self.kind, self.rt, self.now = scale, steps, kind, rt, now
+        self.policy = policy or make_scale_policy(scale, cluster.reserve_devices)
+        self.chunks = join_chunks(cluster, scale)
         self.reports: list[JoinReport] = []
 
     def after_step(self, log, step: int, times: tuple[float, float, float, float], micro: list[dict],
-                   updates: list[dict], version: int) -> ScaleDecision | None:
+                   updates: list[dict], version: int) -> Topology | None:
         """`times`: run-time start, generation end, train end and end of the step; `micro`,
-        `updates`: the step's train records (wall clock), whose busiest device is the train time."""
-        if not self.cfg.scale.active or step + 1 >= self.cfg.run.steps:
+        `updates`: the step's train records (wall clock), whose busiest device is the train time.
+        Returns the topology with the joined devices, for the runtime to install, if some joined."""
+        if not self.scale.active or step + 1 >= self.steps:
             return None
         t_start, t_gen, _, t_end = times
         busy: dict[int, float] = {}
@@ -114,17 +125,15 @@ class ScaleOut:
             busy[r["device"]] = busy.get(r["device"], 0.0) + r["end"] - r["start"]
         k = 1.0 / self.rt.time_scale  # emulated compute: wall seconds -> the cost model's seconds
         obs = ScaleObservation(step, k * (t_gen - t_start), k * max(busy.values(), default=0.0),
-                               len(self.rt.rollout_ranks))
+                               len(self.rt.topology.rollout))
         decision = self.policy.observe(obs, k * t_end)
         log.event("decision", t_end, **decision.event_fields())
-        if decision.action != "add":
-            return decision
-        if len(self.reports) >= len(self.chunks):
-            return decision  # the reserve is spent (the policies know their cap: not reached)
+        if decision.action != "add" or len(self.reports) >= len(self.chunks):
+            return None  # or the reserve is spent (the policies know their cap: not reached)
         devices = self.chunks[len(self.reports)]  # one decision, one chunk (its `add` devices)
         start = self.now()
-        phases = join_rollout(self.rt, devices)
-        report = JoinReport(step, devices, len(self.rt.rollout_ranks), first_step_served(step, self.cfg.pipeline.kind),
+        topology, phases = join_rollout(self.rt, devices)
+        report = JoinReport(step, devices, len(topology.rollout), first_step_served(step, self.kind),
                             version + 1, decision.reason, phases,
                             sum(ray.get([w.groups_created_after_prewarm.remote() for w in self.rt.workers])))
         self.reports.append(report)
@@ -135,7 +144,7 @@ class ScaleOut:
                 log.event("interval", t, device=d, role="resize", phase=f"join_{phase}", step=step, start=t,
                           end=t + seconds)
             t += seconds
-        return decision
+        return topology
 
 
 __all__ = ["ScaleOut", "JoinReport", "join_rollout", "join_chunks", "scale_rank_sets"]

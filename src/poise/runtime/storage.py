@@ -35,6 +35,7 @@ from pathlib import Path
 import ray
 
 from poise.runtime import faults
+from poise.runtime.topology import Devices
 
 CHUNK_BYTES = 32 << 20  # one piece of a file in flight between a device and the driver
 PROBE_FILE = ".poise-storage-probe"
@@ -83,7 +84,8 @@ class CheckpointStore:
     Every device call has the job's deadline and reaches the fault handler as the device's own
     failure (`faults.get`)."""
 
-    def __init__(self, run_dir: Path, mode: str, timeout_s: float, rt=None):
+    def __init__(self, run_dir: Path, mode: str, timeout_s: float, rt: Devices | None = None):
+        """`rt`: the job's devices, whose train group writes a sharded checkpoint together."""
         self.run_dir = Path(run_dir).resolve()
         self.mode, self.timeout_s, self.rt = mode, timeout_s, rt
         self._sees: dict[str, bool] = {}  # Ray node id -> whether it sees run_dir
@@ -126,10 +128,10 @@ class CheckpointStore:
         run_dir = Path(run_dir).resolve()
         args = (step, version, extra) if extra else (step, version)
         rt = self.rt
-        if rt is not None and getattr(rt, "sharded", False) and device in rt.train_ranks:
+        if rt is not None and rt.sharded and device in rt.topology.train:
             # cluster.shard: optimizer | full: every train device writes its part of the files in place
             # (all of them see run.dir) or streams it to `device`
-            ranks = list(rt.train_ranks)
+            ranks = list(rt.topology.train)
             parallel = self.sees_run_dir(device, worker) and all(self.sees_run_dir(d, rt.workers[d]) for d in ranks)
             args = (step, version, extra, ranks, parallel)
             peers = [(d, rt.workers[d].send_optimizer_state.remote(device, ranks, parallel))

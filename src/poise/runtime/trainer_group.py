@@ -20,7 +20,7 @@ from poise.errors import PoiseError
 from poise.policy.mismatch import MismatchStats
 from poise.policy.plan import MicroStats, StepPlan, loss_normaliser, step_stats, tail_shares
 from poise.runtime.faults import wait
-from poise.runtime.roles import StagedSamples
+from poise.runtime.roles import PrefetchedSamples
 from poise.training.reduce import index_nodes
 from poise.types import Sample, SampleId, trained_tokens
 
@@ -75,12 +75,12 @@ class TrainerGroup:
         self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
         self.update_refs: list = []  # per mini-batch, every train device's update
         self.contribute_refs: list = []  # (helper rank, ObjectRef) of the helpers' parts of reductions
-        self.stage_refs: list = []  # (device rank, ObjectRef) of micro-batches sent ahead (_stage_ahead)
+        self.prefetch_refs: list = []  # (device rank, ObjectRef) of micro-batches sent ahead (_prefetch)
         # async, the step generating while this one trains: its sample ids -> their micro-batch's ids
         self.next_micro: dict[SampleId, tuple[SampleId, ...]] = {}
         self.next_arrived: dict[SampleId, Sample] = {}
         # a micro-batch's ids -> (ObjectRef of its samples, those samples: used only if fed the same)
-        self.put_ahead: dict[tuple[SampleId, ...], tuple[object, list[Sample]]] = {}
+        self.early_refs: dict[tuple[SampleId, ...], tuple[object, list[Sample]]] = {}
 
     def set_devices(self, workers: Sequence[object], ranks: Sequence[int], helpers: Sequence[object] = (),
                     helper_ranks: Sequence[int] = ()) -> None:
@@ -88,7 +88,7 @@ class TrainerGroup:
         nothing of a step is in flight)."""
         self.workers, self.ranks = list(workers), list(ranks)
         self.helpers, self.helper_ranks = list(helpers), list(helper_ranks)
-        self.prestaged: dict[tuple[int, int], int] = {}  # what went to the old devices travels again
+        self.prefetched: dict[tuple[int, int], int] = {}  # what went to the old devices travels again
 
     def expect_next(self, plan: StepPlan) -> None:
         """async: step k+1 generates while step k trains; `arrive_ahead` puts each of its
@@ -97,7 +97,7 @@ class TrainerGroup:
         of a step whose training is longer than the next generation."""
         self.next_micro = {sid: ids for mini in plan.minis for ids in mini.micro for sid in ids}
         self.next_arrived = {}
-        self.put_ahead = {ids: put for ids, put in self.put_ahead.items() if ids[0][0] >= plan.step}
+        self.early_refs = {ids: put for ids, put in self.early_refs.items() if ids[0][0] >= plan.step}
 
     def arrive_ahead(self, samples: Sequence[Sample]) -> None:
         """Samples of the step `expect_next` named (others are ignored: checked when fed)."""
@@ -109,7 +109,7 @@ class TrainerGroup:
             ids = self.next_micro[sid]
             if all(i in self.next_arrived for i in ids):
                 samples_of = [self.next_arrived[i] for i in ids]
-                self.put_ahead[ids] = (ray.put(samples_of), samples_of)
+                self.early_refs[ids] = (ray.put(samples_of), samples_of)
 
     def start_step(self, plan: StepPlan, version: int) -> StepLedger:
         """`version`: the weights version the step's last update makes."""
@@ -120,14 +120,14 @@ class TrainerGroup:
         self.advantages: dict[SampleId, float] = {}
         self.dispatched: list[set[int]] = [set() for _ in plan.minis]
         self.micro_of = {sid: (mini.index, j) for mini in plan.minis for j, ids in enumerate(mini.micro) for sid in ids}
-        self.staged: dict[tuple[int, int], object] = {}  # (mini, micro) -> ObjectRef of its samples
+        self.batch_refs: dict[tuple[int, int], object] = {}  # (mini, micro) -> ObjectRef of its samples
         self.next_mini = 0
         # per mini-batch, device position (train devices, then helpers) -> the micro-batches it computes
-        self.held: list[dict[int, list[int]]] = [{} for _ in plan.minis]
+        self.assigned: list[dict[int, list[int]]] = [{} for _ in plan.minis]
         self.rounds_sent = [0] * len(plan.minis)  # lockstep: rounds of each mini-batch dispatched
         self.micro_refs, self.update_refs, self.contribute_refs = [], [], []
-        self.prestaged = {}  # (mini, micro) -> the train device (position) its samples were sent ahead to
-        self.stage_refs = []
+        self.prefetched = {}  # (mini, micro) -> the train device (position) its samples were sent ahead to
+        self.prefetch_refs = []
         return self.ledger
 
     def feed(self, scored: Sequence[tuple[Sample, float]]) -> None:
@@ -143,24 +143,24 @@ class TrainerGroup:
             ids = self.plan.minis[u].micro[j]
             if all(i in self.ledger.arrived for i in ids):
                 samples = [self.ledger.arrived[i] for i in ids]
-                ref, put = self.put_ahead.pop(ids, (None, []))  # async: put while this step generated
+                ref, put = self.early_refs.pop(ids, (None, []))  # async: put while this step generated
                 same = len(put) == len(samples) and all(a is b for a, b in zip(put, samples))
-                self.staged[(u, j)] = ref if same else ray.put(samples)
+                self.batch_refs[(u, j)] = ref if same else ray.put(samples)
             self.advantages.update(ready_advantages(self.advantage, self.rewards, sid, self.plan.group_size,
                                                     self.plan.prompts, self.std_eps))
         if self.streaming or self.ledger.complete:
             self._dispatch_ready()
-        self._stage_ahead()
+        self._prefetch()
 
-    def _stage_ahead(self) -> None:
+    def _prefetch(self) -> None:
         """Send each complete micro-batch that cannot start yet (without streaming: until the whole
         batch is in) to the train device that owns it, which fetches the samples while generation
         goes on; the call that starts it then has nothing to fetch."""
-        for u, j in sorted(self.staged.keys() - self.prestaged.keys()):
+        for u, j in sorted(self.batch_refs.keys() - self.prefetched.keys()):
             d = self._owner(u, j)
-            self.stage_refs.append((self.ranks[d], self.workers[d].stage_samples.remote((self.plan.step, u, j),
-                                                                                        self.staged[(u, j)])))
-            self.prestaged[(u, j)] = d
+            self.prefetch_refs.append((self.ranks[d], self.workers[d].prefetch_samples.remote(
+                (self.plan.step, u, j), self.batch_refs[(u, j)])))
+            self.prefetched[(u, j)] = d
 
     def _dispatch_ready(self) -> None:
         devices = self.workers + self.helpers
@@ -186,11 +186,11 @@ class TrainerGroup:
                 owners = {j: mini.owner(j) for j in ready}
             batches: dict[int, list[tuple[int, object, list[float]]]] = {}  # device position -> its ready batches
             for j in ready:
-                ref = self.staged.pop((mini.index, j))
-                if self.prestaged.get((mini.index, j)) == owners[j]:  # the device holds them already
-                    ref = StagedSamples((self.plan.step, mini.index, j))
+                ref = self.batch_refs.pop((mini.index, j))
+                if self.prefetched.get((mini.index, j)) == owners[j]:  # the device holds them already
+                    ref = PrefetchedSamples((self.plan.step, mini.index, j))
                 batches.setdefault(owners[j], []).append((j, ref, [self.advantages[i] for i in mini.micro[j]]))
-                self.held[mini.index].setdefault(owners[j], []).append(j)
+                self.assigned[mini.index].setdefault(owners[j], []).append(j)
                 done.add(j)
             # one call per device for whatever became ready together (every control-plane call is
             # a driver round trip; in non-streaming mode the whole batch becomes ready at once)
@@ -224,11 +224,11 @@ class TrainerGroup:
                 if j >= m:
                     calls[d].append(None)
                     continue
-                ref = self.staged.pop((mini.index, j))
-                if self.prestaged.get((mini.index, j)) == d:  # the device holds them already
-                    ref = StagedSamples((self.plan.step, mini.index, j))
+                ref = self.batch_refs.pop((mini.index, j))
+                if self.prefetched.get((mini.index, j)) == d:  # the device holds them already
+                    ref = PrefetchedSamples((self.plan.step, mini.index, j))
                 calls[d].append((j, ref, [self.advantages[i] for i in mini.micro[j]]))
-                self.held[mini.index].setdefault(d, []).append(j)
+                self.assigned[mini.index].setdefault(d, []).append(j)
                 done.add(j)
             r += 1
         if r == self.rounds_sent[mini.index]:
@@ -244,29 +244,29 @@ class TrainerGroup:
         micro-batches (its weights are the ones published; with real compute the all-gather makes
         every rank wait anyway); every device enters the all-gather only once every micro-batch
         succeeded (runtime/faults.py)."""
-        held = self.held[mini.index]
+        assigned = self.assigned[mini.index]
         # helpers join only a reduction that has work of theirs: all of them then (one prewarmed group)
-        helping = any(d >= len(self.workers) for d in held)
+        helping = any(d >= len(self.workers) for d in assigned)
         parties = list(range(len(devices) if helping else len(self.workers)))
         ranks = [device_ranks[d] for d in parties]
         m = len(mini.micro)
-        rows = max(1, max(len(index_nodes(held[d], m)) for d in held))
+        most_nodes = max(1, max(len(index_nodes(assigned[d], m)) for d in assigned))  # tree nodes on one device
         normaliser = loss_normaliser([[trained_tokens(self.ledger.arrived[i]) for i in ids] for ids in mini.micro],
                                      self.loss_agg)
         micro = [ref for (u, _), _, ref in self.micro_refs if u == mini.index]
         version = self.version if mini.index == len(self.plan.minis) - 1 else None  # the step's last update
-        self.update_refs.append([w.apply_update.remote(m, sorted(held.get(d, [])), normaliser, ranks, rows,
+        self.update_refs.append([w.apply_update.remote(m, sorted(assigned.get(d, [])), normaliser, ranks, most_nodes,
                                                        micro if d == 0 else None, None if d == 0 else micro,
                                                        version=version)
                                  for d, w in enumerate(self.workers)])
-        self.contribute_refs += [(device_ranks[d], devices[d].contribute.remote(m, sorted(held.get(d, [])), ranks,
-                                                                                 rows, micro))
+        self.contribute_refs += [(device_ranks[d], devices[d].contribute.remote(m, sorted(assigned.get(d, [])),
+                                                                                 ranks, most_nodes, micro))
                                  for d in parties[len(self.workers):]]
 
     def queued_refs(self) -> list:
         """Every call queued in the current step (micro-batches, updates, helpers' parts of the
         reductions); none before the first step."""
-        return ([ref for _, ref in self.stage_refs] + [ref for _, _, ref in self.micro_refs]
+        return ([ref for _, ref in self.prefetch_refs] + [ref for _, _, ref in self.micro_refs]
                 + [ref for per_mini in self.update_refs for ref in per_mini] + [ref for _, ref in self.contribute_refs])
 
     def last_update_ref(self):
@@ -283,8 +283,8 @@ class TrainerGroup:
         self.ledger.check_complete()
         self._dispatch_ready()
         what = f"training of step {self.plan.step}"
-        wait([ref for _, ref in self.stage_refs], [rank for rank, _ in self.stage_refs], what, self.step_timeout_s,
-             role="train")
+        wait([ref for _, ref in self.prefetch_refs], [rank for rank, _ in self.prefetch_refs], what,
+             self.step_timeout_s, role="train")
         done = wait([ref for _, _, ref in self.micro_refs], [rank for _, rank, _ in self.micro_refs],
                     what, self.step_timeout_s, role="train")
         records = {(u, j): m for ((u, js), _, _), per_call in zip(self.micro_refs, done) for j, m in zip(js, per_call)}

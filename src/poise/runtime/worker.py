@@ -25,7 +25,7 @@ import ray
 
 from poise.injection import FaultInjector, NoFaults, install
 from poise.runtime.hosting import HostedDevice
-from poise.runtime.roles import EngineLoop, StagedSamples
+from poise.runtime.roles import EngineLoop, PrefetchedSamples
 from poise.runtime.storage import FileEndpoint
 
 Role = Literal["rollout", "train", "idle"]
@@ -65,7 +65,7 @@ class Device(FileEndpoint):
         build = _emulated_roles if spec.emulated is not None else _real_roles
         engine, self.shard, self.sync = build(rank, world_size, rendezvous, spec, self._with_engine)
         self.loop = EngineLoop(engine)
-        self.staged: dict[tuple[int, int, int], list] = {}  # stage_samples: key -> a micro-batch's samples
+        self.prefetched: dict[tuple[int, int, int], list] = {}  # prefetch_samples: key -> a micro-batch's samples
 
     def _with_engine(self, fn):
         return self.loop.with_engine(fn)
@@ -169,22 +169,23 @@ class Device(FileEndpoint):
         return self.sync.groups_created_after_prewarm()
 
     # ---- train role ---------------------------------------------------------------------------
-    def stage_samples(self, key: tuple[int, int, int], samples: list) -> None:
+    def prefetch_samples(self, key: tuple[int, int, int], samples: list) -> None:
         """A micro-batch's samples, sent ahead of the call that trains it (Ray fetches them before
         this call runs, while generation goes on); `key` = (step, mini-batch, micro-batch). What a
         step older than the one before `key`'s left here (a micro-batch that went elsewhere) goes."""
-        self.staged = {k: v for k, v in self.staged.items() if k[0] >= key[0] - 1}
-        self.staged[key] = samples
+        self.prefetched = {k: v for k, v in self.prefetched.items() if k[0] >= key[0] - 1}
+        self.prefetched[key] = samples
 
     def train_micro_batches(self, batches: list[tuple[int, object, list[float]]]) -> list[dict]:
-        """Forward/backward of each (micro-batch index, its samples' ObjectRef or StagedSamples,
+        """Forward/backward of each (micro-batch index, its samples' ObjectRef or PrefetchedSamples,
         their advantages), in the order given; returns each one's stats. A train device lent to
         generation (`pipeline.assist`) starts them once its engine is done (the samples are fetched
         meanwhile): run beside it, they would share the device's threads and slow the generation
         every other device waits for (as the simulator assumes too)."""
-        fetched = iter(ray.get([x for _, x, _ in batches if not isinstance(x, StagedSamples)]))
+        fetched = iter(ray.get([x for _, x, _ in batches if not isinstance(x, PrefetchedSamples)]))
         self.loop.wait_idle()
-        samples = [self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched) for _, x, _ in batches]
+        samples = [self.prefetched.pop(x.key) if isinstance(x, PrefetchedSamples) else next(fetched)
+                   for _, x, _ in batches]
         self.faults.before_train(self.rank, [s.sample_id[0] for batch in samples for s in batch])
         return [self.shard.train_micro_batch(j, s, adv) for (j, _, adv), s in zip(batches, samples)]
 
@@ -192,7 +193,7 @@ class Device(FileEndpoint):
         """`cluster.shard: full`: lockstep rounds with the other train devices `ranks`, each this
         device's (micro-batch index, samples, advantages) of the round or None (a stand-in: it has
         no micro-batch left in the mini-batch); returns the stats of the real ones, in order."""
-        refs = [x for entry in rounds if entry is not None for x in [entry[1]] if not isinstance(x, StagedSamples)]
+        refs = [x for entry in rounds if entry is not None for x in [entry[1]] if not isinstance(x, PrefetchedSamples)]
         fetched = iter(ray.get(refs))
         out = []
         for entry in rounds:
@@ -200,7 +201,7 @@ class Device(FileEndpoint):
                 self.shard.train_round(None, None, None, ranks)
                 continue
             j, x, adv = entry
-            samples = self.staged.pop(x.key) if isinstance(x, StagedSamples) else next(fetched)
+            samples = self.prefetched.pop(x.key) if isinstance(x, PrefetchedSamples) else next(fetched)
             self.faults.before_train(self.rank, [s.sample_id[0] for s in samples])
             out.append(self.shard.train_round(j, samples, adv, ranks))
         return out
