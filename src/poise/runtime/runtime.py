@@ -25,6 +25,7 @@ from poise.policy.dispatch import build_dispatch
 from poise.policy.plan import plan_step
 from poise.policy.split import Split
 from poise.rewards.scorer import PendingRewards
+from poise import injection
 from poise.runtime import faults
 from poise.runtime.cluster import DevicePool, connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import prewarm_rank_sets
