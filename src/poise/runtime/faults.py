@@ -32,6 +32,7 @@ of poise/injection.py, which the driver and the devices call at named moments.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
 
