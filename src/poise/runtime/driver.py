@@ -30,7 +30,7 @@ from poise.data.tasks import Problem
 from poise.episodes.codec import TurnCodec
 from poise.episodes.metrics import episode_event_fields, episode_metrics, with_env_rewards
 from poise.episodes.runner import EpisodeRunner
-from poise import interrupt
+from poise import interrupt, start_up
 from poise.errors import PoiseError
 from poise.algo.shaping import overlong_penalty
 from poise.metrics import step_metrics
@@ -98,6 +98,7 @@ class Runtime:
         self.pool: DevicePool | None = None
         self.reserve: DevicePool | None = None
         connect(cfg.cluster, run_dir / "ray.log" if run_dir is not None else None)  # Ray's lines: not the console
+        start_up.phase("ray", "Ray joined" if cfg.cluster.address else "Ray started")
         try:
             self._set_up(split, source, dispatcher, emulation, run_dir)
         except BaseException:  # a failed start releases the placement groups and actors it already held
@@ -162,6 +163,7 @@ class Runtime:
         if c.reserve_devices:
             self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
                                           spec, num_cpus=1, **resources)
+        start_up.phase("placed", f"{world} devices placed ({split.rollout} rollout, {split.train} train)")
         self.leader = self.train_ranks[0]
         # every worker creates the same groups in the same order (dist.new_group is collective):
         # those of this split and of every split a live resize may move to
@@ -171,6 +173,7 @@ class Runtime:
             groups.append(list(range(c.devices)))
         faults.wait([w.prewarm_groups.remote(groups) for w in self.workers], list(range(len(self.workers))),
                     "start-up (model build and communicators)", max(c.step_timeout_s, faults.START_UP_S))
+        start_up.phase("loaded", f"model loaded on {world} devices")
         faults.wait([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
                     + [self.workers[d].set_role.remote("train") for d in self.train_ranks],
                     self.rollout_ranks + self.train_ranks, "start-up", c.step_timeout_s)
@@ -341,6 +344,7 @@ class Driver:
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                start_up.first_step()
                 if stop:
                     raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
                 self.maybe_resize(log, step, scored, (t_start, t_gen, t_train, t_end))  # the split of step k+1
@@ -860,6 +864,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         raise PoiseError("--resume with scale.schedule or scale.policy=controller is not supported yet; resume with "
                          "scale.policy=static (the same trajectory, on the pool without the joined devices)")
     run_dir = prepare_run_dir(cfg, resume)
+    start_up.begin(run_dir)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
@@ -878,6 +883,8 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     rewards = RewardScorer(cfg.reward, cfg.env) if emulation is None else None  # the reward sandbox: user code loads there
+    if rewards is not None:
+        start_up.phase("sandbox", f"reward sandbox started ({cfg.reward.workers} workers)")
     try:  # from here on a failure, even while starting, stops what started (a notebook keeps no leftovers)
         source: StepSource = emulation if emulation is not None else \
             TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)
@@ -891,6 +898,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         finally:
             runtime.shutdown()
     finally:
+        start_up.end()
         if rewards is not None:
             rewards.close()  # the reward sandbox's workers end with the run
 

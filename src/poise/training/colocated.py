@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from poise import interrupt
+from poise import interrupt, start_up
 from poise.algo.advantages import ready_advantages
 from poise.algo.shaping import overlong_penalty
 from poise.config import TrainConfig
@@ -50,8 +50,10 @@ class ColocatedLoop:
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step,
                                RewardScorer(cfg.reward, cfg.env))
         self.tokenizer = self.steps.tokenizer
+        start_up.phase("sandbox", f"reward sandbox started ({cfg.reward.workers} workers)")
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
+        start_up.phase("loaded", f"model loaded on {self.device.type} (colocated: one process, no Ray)")
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
@@ -220,6 +222,7 @@ class ColocatedLoop:
                     save_checkpoint(self.run_dir, self.model, self.trainer.optimizer, self.state)
                     prune_checkpoints(self.run_dir, cfg.keep_checkpoints)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                start_up.first_step()
                 if stop:
                     raise interrupt.Stopped(stop, done, checkpoint_dir(self.run_dir, done))
         return rows
@@ -244,7 +247,12 @@ def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_
 
 def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
     run_dir = prepare_run_dir(cfg, resume)
-    loop = ColocatedLoop(cfg, run_dir)
+    start_up.begin(run_dir)
+    try:
+        loop = ColocatedLoop(cfg, run_dir)
+    except BaseException:
+        start_up.end()
+        raise
     try:
         if resume:
             checkpoint = latest_checkpoint(run_dir)
@@ -258,6 +266,7 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
                     config=to_dict(cfg)) as log:
             return loop.run(log)
     finally:
+        start_up.end()
         loop.steps.rewards.close()  # the reward sandbox's workers end with the run
         loop.engine.abort()  # an error mid-generation leaves sequences in flight; release needs none
         loop.engine.release()  # vLLM's process, its weights file and shared memory on /dev/shm
