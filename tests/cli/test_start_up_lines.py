@@ -48,7 +48,7 @@ def _check_run_dir(run_dir) -> None:
     assert "first step done" in log
 
 
-DISAGGREGATED = ["Ray started", "devices placed (1 rollout, 1 train)", "model loaded on 2 devices", "first step done"]
+DISAGGREGATED = ["reward sandbox and Ray started", "devices placed (1 rollout, 1 train)", "model loaded on 2 devices", "first step done"]
 
 
 def test_without_a_terminal_a_few_short_lines_name_each_phase(tmp_path):
@@ -88,7 +88,7 @@ def test_the_colocated_mode_says_the_same_without_ray(tmp_path):
     done = subprocess.run(train_argv(run_dir, "run.steps=2", "pipeline.mode=colocated"), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    _check_summary(done.stderr.splitlines(), ["model loaded on cpu (colocated: one process, no Ray)",
+    _check_summary(done.stderr.splitlines(), ["reward sandbox started, model loaded on cpu (colocated",
                                               "first step done"])
     assert "Ray started" not in done.stderr
     _check_run_dir(run_dir)

@@ -98,7 +98,8 @@ class Runtime:
         self.pool: DevicePool | None = None
         self.reserve: DevicePool | None = None
         connect(cfg.cluster, run_dir / "ray.log" if run_dir is not None else None)  # Ray's lines: not the console
-        start_up.phase("ray", "Ray joined" if cfg.cluster.address else "Ray started")
+        start_up.phase("ray", ("reward sandbox and " if emulation is None else "")
+                       + ("Ray joined" if cfg.cluster.address else "Ray started"))
         try:
             self._set_up(split, source, dispatcher, emulation, run_dir)
         except BaseException:  # a failed start releases the placement groups and actors it already held
@@ -883,8 +884,6 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
             compute_dtype(cfg.model.dtype, cfg.cluster.device)
     checkpoint = latest_checkpoint(run_dir) if resume else None
     rewards = RewardScorer(cfg.reward, cfg.env) if emulation is None else None  # the reward sandbox: user code loads there
-    if rewards is not None:
-        start_up.phase("sandbox", f"reward sandbox started ({cfg.reward.workers} workers)")
     try:  # from here on a failure, even while starting, stops what started (a notebook keeps no leftovers)
         source: StepSource = emulation if emulation is not None else \
             TaskSteps(cfg.data, cfg.model, cfg.run.seed, cfg.algorithm.prompts_per_step, rewards)

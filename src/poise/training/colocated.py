@@ -50,10 +50,10 @@ class ColocatedLoop:
         self.steps = TaskSteps(cfg.data, cfg.model, cfg.run.seed, algo.prompts_per_step,
                                RewardScorer(cfg.reward, cfg.env))
         self.tokenizer = self.steps.tokenizer
-        start_up.phase("sandbox", f"reward sandbox started ({cfg.reward.workers} workers)")
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
-        start_up.phase("loaded", f"model loaded on {self.device.type} (colocated: one process, no Ray)")
+        start_up.phase("loaded", f"reward sandbox started, model loaded on {self.device.type} "
+                                 "(colocated: one process, no Ray)")
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
