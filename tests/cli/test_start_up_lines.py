@@ -20,13 +20,15 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 MAX_LINES = 6
 PROGRESS = re.compile(r"^train\b.*\d+/\d+")  # the bar on a terminal, `train 3/40 ...` in a pipe
+DONE = re.compile(r"^train\b.*\b[1-9]\d*/\d+")  # progress: a step done (a terminal's bar shows 0/N from the start)
 LAST = re.compile(r"^poise: \d+ steps? in ")  # the run's last line: a short run may show no progress line
 
 
 def _before_progress(lines: list[str]) -> list[str]:
+    """The lines before the first that shows a step done, less a terminal's bar at 0/N."""
     for i, line in enumerate(lines):
-        if PROGRESS.match(line) or LAST.match(line):
-            return lines[:i]
+        if DONE.match(line) or LAST.match(line):
+            return [x for x in lines[:i] if not PROGRESS.match(x)]
     raise AssertionError(f"no progress line and no last line: {lines}")
 
 
