@@ -3,10 +3,13 @@
 `poise train` is silent for tens of seconds otherwise (Ray, placing the devices, building the model
 on each, the first step). Each phase says one line when it ends, at most once per run:
 
-    poise: Ray started (local, 4 CPUs) in 3.1 s
-    poise: 4 devices placed (2 rollout, 2 train) in 0.4 s
-    poise: model loaded on 4 devices in 6.2 s
-    poise: first step done in 4.0 s; the next lines are progress
+    poise: reward sandbox and Ray started in 6.3 s
+    poise: 4 devices placed (2 rollout, 2 train) in 0.5 s
+    poise: model loaded on 4 devices in 7.9 s
+    poise: first step done in 5.1 s
+
+No line comes before Ray has started (colocated: before the model has loaded), so an input error
+found up to there is still the run's only line.
 
 The details a user rarely needs (the reward sandbox's cgroup paths and limits, each phase's
 timing) go to RUN_DIR/start_up.log; the console gets one short line of the sandbox only where its
