@@ -23,7 +23,7 @@ from start_up_runs import Descendants, train_argv
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 RAY_WORKER = re.compile(r"^(\x1b\[\d+m)?\(pid=\d+")  # an actor's output that Ray relays (log_to_driver)
-STEPS = 6  # the last moment lands well before the run's natural end
+STEPS = 40  # the last moment lands long before the run's natural end, whatever the load does to its speed
 MOMENTS = int(os.environ.get("POISE_START_UP_MOMENTS", "5"))
 
 
@@ -42,8 +42,9 @@ def _first_step_s(tmp_path) -> float:
         assert proc.poll() is None and time.monotonic() - start < 600, proc.communicate()[1][-3000:]
         time.sleep(0.05)
     took = time.monotonic() - start
+    os.killpg(proc.pid, signal.SIGINT)  # its first step is all it was for
     proc.communicate(timeout=600)
-    assert proc.returncode == 0
+    assert proc.returncode == 130
     return took
 
 
