@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from poise import start_up
 from poise.rewards import cgroup, sandbox
 from poise.rewards.cgroup import (PIDS_MAX, WORKER_BASE_MB, Layer, WorkerCgroup, locate, locate_v1, locate_v2,
                                   own_cgroup_dir, remove_stale)
@@ -148,29 +149,47 @@ def test_start_up_removes_the_cgroups_of_dead_drivers_only(tmp_path):
     assert all(os.path.isdir(p) for p in live.paths) and (tmp_path / "memory" / f"other-{dead}-7").is_dir()
 
 
+@pytest.fixture
+def start_up_log(tmp_path):
+    """A run's start-up report open on tmp_path/run: `read()` gives the lines of its start_up.log."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    start_up.begin(run_dir)
+    yield lambda: [line.split(" ", 2)[2] for line in (run_dir / start_up.LOG).read_text().splitlines()[1:]]
+    start_up.end()
+
+
 def test_the_pool_says_once_at_the_first_batch_which_limits_are_per_process(make_scorer, reward_file, monkeypatch,
-                                                                              capfd):
+                                                                              capfd, start_up_log):
+    """The console: one short line (a weaker defence than the default); the run directory: the details."""
     monkeypatch.setattr(sandbox, "locate_cgroup", lambda: (None, "cgroup v2 /x offers no memory controller"))
     scorer = make_scorer([{"fn": f"{reward_file(GOOD)}:good"}], workers=1)
     assert "reward sandbox" not in capfd.readouterr().err  # not before the run starts: an up-front error stays alone
     scorer.score(inputs(2))
     scorer.score(inputs(2, step=1))
     lines = [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("poise: reward sandbox: no per-worker cgroup (cgroup v2 /x offers no memory "
-                               "controller): reward.memory_mb (RLIMIT_AS) and reward.cpu_s (RLIMIT_CPU) hold per "
-                               "process"), lines[0]
+    assert lines == [cgroup.weaker_line(None, None)], lines
+    assert len(lines[0]) <= start_up.MAX_LINE
+    details = [x for x in start_up_log() if "reward sandbox" in x]
+    assert details[0].startswith("poise: reward sandbox: no per-worker cgroup (cgroup v2 /x offers no memory "
+                                 "controller): reward.memory_mb (RLIMIT_AS) and reward.cpu_s (RLIMIT_CPU) hold per "
+                                 "process"), details
+    assert details[1:] == [lines[0]]  # what the console said, in the log too
     assert scorer.pool.confinement["cgroup"] is None
 
 
 def test_the_pool_puts_each_worker_in_a_cgroup_of_its_own_where_it_can(make_scorer, reward_file, monkeypatch, capfd,
-                                                                         tmp_path):
+                                                                         tmp_path, start_up_log):
     """On a fake cgroupfs (v2): the files the kernel would read, written before the worker starts
-    work; one start-up line naming the layer; the directory gone once the pool closes."""
+    work; one start-up line naming the layer, in the run directory only (the default defence: the
+    console says nothing of it); the directory gone once the pool closes."""
+    tmp_path = tmp_path / "cgroupfs"
+    tmp_path.mkdir()
     monkeypatch.setattr(sandbox, "locate_cgroup", lambda: (Layer(2, (str(tmp_path),)), ""))
     scorer = make_scorer([{"fn": f"{reward_file(GOOD)}:good"}], workers=1, memory_mb=128)
     assert [r.value for r in scorer.score(inputs(2))] == [1.0, 1.0]
-    lines = [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x]
+    assert "reward sandbox" not in capfd.readouterr().err
+    lines = [x for x in start_up_log() if "reward sandbox" in x]
     assert lines == [f"poise: reward sandbox: each worker in a cgroup v2 of its own below {tmp_path}: memory.max "
                      f"{256 + WORKER_BASE_MB} MiB (2 x reward.memory_mb + {WORKER_BASE_MB}) and pids.max {PIDS_MAX} "
                      "hold for the worker and every process it starts; reward.cpu_s (RLIMIT_CPU) per process, the "
@@ -185,14 +204,16 @@ def test_the_pool_puts_each_worker_in_a_cgroup_of_its_own_where_it_can(make_scor
 
 
 def test_a_cgroup_the_kernel_refuses_leaves_per_process_limits_and_the_line_says_why(make_scorer, reward_file,
-                                                                                      monkeypatch, capfd, tmp_path):
+                                                                                      monkeypatch, capfd, tmp_path,
+                                                                                      start_up_log):
     memory, pids = tmp_path / "memory", tmp_path / "pids"
     memory.mkdir()
     pids.write_text("")  # not a directory: mkdir below it fails
     monkeypatch.setattr(sandbox, "locate_cgroup", lambda: (Layer(1, (str(memory), str(pids))), "no v2 here"))
     scorer = make_scorer([{"fn": f"{reward_file(GOOD)}:good"}], workers=1)
     assert [r.value for r in scorer.score(inputs(2))] == [1.0, 1.0]
-    lines = [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x]
+    assert [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x] == [cgroup.weaker_line(None, None)]
+    lines = [x for x in start_up_log() if "reward sandbox" in x][:1]
     name = f"poise-reward-{os.getpid()}-{scorer.pool._workers[0].proc.pid}"
     assert len(lines) == 1 and lines[0].startswith(
         f"poise: reward sandbox: no per-worker cgroup (cgroup v1 {pids / name}: Not a directory): "), lines
@@ -241,11 +262,12 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_every_process_of_a_worker_starts_in_its_cgroup(make_scorer, reward_file, kernel_layer, capfd):
+def test_every_process_of_a_worker_starts_in_its_cgroup(make_scorer, reward_file, kernel_layer, capfd, start_up_log):
     layer, _ = kernel_layer
     scorer = make_scorer([{"fn": f"{reward_file(GOOD)}:good"}], workers=1)
     scorer.score(inputs(1))
-    line = [x for x in capfd.readouterr().err.splitlines() if "reward sandbox" in x]
+    assert "reward sandbox" not in capfd.readouterr().err  # the default defence holds: nothing on the console
+    line = [x for x in start_up_log() if "reward sandbox" in x]
     assert len(line) == 1 and f"in a cgroup v{layer.version} of its own below {layer.parents[0]}" in line[0], line
     worker = scorer.pool._workers[0]
     paths = scorer.pool.confinement["cgroup"]

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from poise import interrupt
 from poise.errors import PoiseError
 
 # subcommand -> (module, one-line help). Plain data so grep finds every entry point.
@@ -41,7 +42,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         parser.print_help()
         return 0
-    name = argv[0]
+    try:  # a Ctrl-C from here on, even while a module imports, ends in one line and exit 130
+        return _run(argv[0], argv[1:])
+    except KeyboardInterrupt:
+        if not interrupt.stopped_at_once():  # else its line said why already
+            print("poise: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(name: str, argv: list[str]) -> int:
     try:
         module = importlib.import_module(SUBCOMMANDS[name][0])
     except ModuleNotFoundError as e:
@@ -51,15 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         raise
     cmd_parser = argparse.ArgumentParser(prog=f"poise {name}", description=SUBCOMMANDS[name][1])
     module.add_parser(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
+    args = cmd_parser.parse_args(argv)
     try:
         return int(module.run(args) or 0)
     except PoiseError as e:
         print(f"poise: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("poise: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

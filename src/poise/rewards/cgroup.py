@@ -19,7 +19,8 @@ process in before the worker reads its set-up (so every process it forks starts 
 removes it with the worker. A driver that dies without closing its pool leaves its cgroups
 behind (empty: its workers kill themselves); the next pool's start removes those whose driver's
 pid is gone (`remove_stale`). Where neither layer is usable `locate` says why, in the words of the
-pool's one start-up line, which names the layer that holds in every case (`layer_line`).
+pool's one start-up line, which names the layer that holds in every case (`layer_line`; it goes
+to RUN_DIR/start_up.log, and the console hears a short `weaker_line` only where no cgroup holds).
 
 Limits: memory = 2 x reward.memory_mb + WORKER_BASE_MB (a call's memory, its scratch tmpfs, which
 the kernel charges to the worker that writes it, and the worker's own three interpreters), no
@@ -289,6 +290,14 @@ def layer_line(layer: Layer | None, why: str, group: WorkerCgroup | None, memory
     return (f"poise: reward sandbox: each worker in a cgroup {where}: {memory} and pids.max {PIDS_MAX} hold for the "
             f"worker and every process it starts; reward.cpu_s (RLIMIT_CPU) per process, the wall-clock timeout "
             f"per call{not_v2}")
+
+
+def weaker_line(layer: Layer | None, group: WorkerCgroup | None) -> str | None:
+    """The console's short line where the default defence does not hold (no per-worker cgroup:
+    memory limits hold per process); None where it does (`layer_line` has the details)."""
+    if layer is not None and group is not None:
+        return None
+    return "poise: reward sandbox: no per-worker cgroup here, so memory limits hold per process (RELIABILITY.md)"
 
 
 def per_process_line(why: str, confinement: dict) -> str:

@@ -44,8 +44,9 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Sequence
 
+from poise import start_up
 from poise.errors import ConfigError, PoiseError
-from poise.rewards.cgroup import WorkerCgroup, layer_line, remove_stale
+from poise.rewards.cgroup import WorkerCgroup, layer_line, remove_stale, weaker_line
 from poise.rewards.cgroup import locate as locate_cgroup
 from poise.rewards.functions import FunctionSpec
 from poise.rewards.worker import _HEADER
@@ -324,12 +325,13 @@ class SandboxPool:
             _kill_all(self._workers)
             raise
         self.confinement = self._workers[0].confinement or {}
-        # which layer holds each worker's limits (cgroup v2, v1, or per process only): one line, with
-        # the first batch (the run has started: an up-front error that follows the pool's start stays
-        # the only line)
+        # which layer holds each worker's limits (cgroup v2, v1, or per process only): said with the
+        # first batch (the run has started: an up-front error that follows the pool's start stays
+        # the only line), to the run directory, and to the console only where no cgroup holds
         first = self._workers[0].cgroup
         self.notice: str | None = layer_line(self.cgroup_layer, self.cgroup_why, first, limits.memory_mb,
                                              self.confinement)
+        self.weaker = weaker_line(self.cgroup_layer, first)  # the console's, where no cgroup holds the limits
         self._threads = [threading.Thread(target=self._serve, args=(w,), name=f"reward-sandbox-{w.slot}", daemon=True)
                          for w in self._workers]
         for t in self._threads:
@@ -338,8 +340,8 @@ class SandboxPool:
 
     def submit(self, calls: Sequence[Call]) -> Batch:
         """Queue `calls`; returns at once. Chunks spread one batch over every worker."""
-        if self.notice is not None:
-            print(self.notice, file=sys.stderr)
+        if self.notice is not None:  # the details to the run directory; the console only hears of a weaker defence
+            start_up.sandbox(self.notice, self.weaker)
             self.notice = None
         batch = Batch(len(calls))
         for fn_index in sorted({c.fn_index for c in calls}):  # one function per chunk (the module docstring)

@@ -21,6 +21,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from poise import interrupt
 from poise.config import ClusterConfig
 from poise.errors import PoiseError
 
@@ -67,7 +68,7 @@ def _output_to(log: Path | None) -> Iterator[None]:
 def connect(cfg: ClusterConfig, log: Path | None = None) -> None:
     """ray.init for this job, once per process (a test session shares one local Ray); Ray's own
     start-up output goes to `log` (RUN_DIR/ray.log) if given."""
-    with _output_to(None if ray.is_initialized() else log):
+    with interrupt.held(), _output_to(None if ray.is_initialized() else log):  # Ctrl-C: after, not inside
         warning = _connect(cfg)
     if warning:
         print(f"poise: warning: {warning}", file=sys.stderr)

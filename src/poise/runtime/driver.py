@@ -29,7 +29,7 @@ from poise.data.tasks import Problem
 from poise.episodes.codec import TurnCodec
 from poise.episodes.metrics import episode_event_fields, episode_metrics
 from poise.episodes.runner import EpisodeRunner
-from poise import injection, interrupt
+from poise import injection, interrupt, start_up
 from poise.errors import PoiseError
 from poise.metrics import step_metrics
 from poise.policy.controller import ResizeController, ResizePolicy, StepObservation
@@ -123,6 +123,7 @@ class Driver:
                 stop = interrupt.requested()  # read once: the checkpoint below is the one a stop needs
                 self.survive(log, step, "checkpoint", lambda: self.checkpoint(log, step + 1, force=bool(stop)))
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                start_up.first_step()
                 if stop:
                     raise interrupt.Stopped(stop, step + 1, checkpoint_dir(self.run_dir, step + 1))
                 self.maybe_resize(log, step, trained.scored, times)  # the split of step k+1
@@ -478,6 +479,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
                          "scale.policy=static (the same trajectory, on the pool without the joined devices)")
     injection.current()  # a POISE_FAULTS that does not load fails here, before any work
     run_dir = prepare_run_dir(cfg, resume)
+    start_up.begin(run_dir)
     # everything that can be wrong with the input fails here, before Ray starts
     make_tokenizer(cfg.data, cfg.model)
     make_prompt_source(cfg.data, cfg.run.seed)
@@ -509,6 +511,7 @@ def train_disaggregated(cfg: TrainConfig, resume: bool = False, dispatcher=None)
         finally:
             runtime.shutdown()
     finally:
+        start_up.end()
         if rewards is not None:
             rewards.close()  # the reward sandbox's workers end with the run
 

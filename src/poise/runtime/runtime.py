@@ -25,7 +25,7 @@ from poise.policy.dispatch import build_dispatch
 from poise.policy.plan import plan_step
 from poise.policy.split import Split
 from poise.rewards.scorer import PendingRewards
-from poise import injection
+from poise import injection, start_up
 from poise.runtime import faults
 from poise.runtime.cluster import DevicePool, connect, device_pool, rendezvous_key, reserve_pool
 from poise.runtime.resize import prewarm_rank_sets
@@ -63,6 +63,8 @@ class Runtime:
         self.pool: DevicePool | None = None
         self.reserve: DevicePool | None = None
         connect(cfg.cluster, run_dir / "ray.log" if run_dir is not None else None)  # Ray's lines: not the console
+        start_up.phase("ray", ("reward sandbox and " if emulation is None else "")
+                       + ("Ray joined" if cfg.cluster.address else "Ray started"))
         try:
             self._set_up(split, source, dispatcher, emulation, run_dir)
         except BaseException:  # a failed start releases the placement groups and actors it already held
@@ -126,6 +128,8 @@ class Runtime:
         if c.reserve_devices:
             self.workers += start_devices(list(range(c.devices, world)), self.reserve.strategy, per, world, port,
                                           spec, num_cpus=1, **resources)
+        start_up.phase("placed", f"{world} devices placed ({len(topology.rollout)} rollout, "
+                                 f"{len(topology.train)} train)")
         # every worker creates the same groups in the same order (dist.new_group is collective):
         # those of this split and of every split a live resize may move to
         groups = prewarm_rank_sets(topology.split, transitions)
@@ -134,6 +138,7 @@ class Runtime:
             groups.append(list(range(c.devices)))
         faults.wait([w.prewarm_groups.remote(groups) for w in self.workers], list(range(len(self.workers))),
                     "start-up (model build and communicators)", max(c.step_timeout_s, faults.START_UP_S))
+        start_up.phase("loaded", f"model loaded on {world} devices")
         faults.wait([self.workers[d].set_role.remote("rollout") for d in self.rollout_ranks]
                     + [self.workers[d].set_role.remote("train") for d in self.train_ranks],
                     self.rollout_ranks + self.train_ranks, "start-up", c.step_timeout_s)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from poise import injection, interrupt
+from poise import injection, interrupt, start_up
 from poise.algo.advantages import ready_advantages
 from poise.algo.shaping import overlong_penalty
 from poise.completions import Completions
@@ -54,6 +54,8 @@ class ColocatedLoop:
         self.completions = Completions.of(cfg.run.log_completions, self.tokenizer)  # RUN_DIR/completions.jsonl
         dtype = compute_dtype(cfg.model.dtype, cfg.cluster.device)
         self.model = make_policy(cfg, self.tokenizer, self.device, dtype, progress=cfg.run.progress)
+        start_up.phase("loaded", f"reward sandbox started, model loaded on {self.device.type} "
+                                 "(colocated: one process, no Ray)")
         if cfg.determinism == "bitwise":  # a no-op on CPU
             bitwise_cuda(self.device, self.model.config.model_type)
         ref = None
@@ -224,6 +226,7 @@ class ColocatedLoop:
                     save_checkpoint(self.run_dir, self.model, self.trainer.optimizer, self.state)
                     prune_checkpoints(self.run_dir, cfg.keep_checkpoints)
                 bar.advance(reward=row["reward_mean"], len=row["response_len_mean"], tok_s=row["tokens_per_s"])
+                start_up.first_step()
                 if stop:
                     raise interrupt.Stopped(stop, done, checkpoint_dir(self.run_dir, done))
         return rows
@@ -249,7 +252,12 @@ def log_step_events(log: RunLog, step: int, samples, problems: list[Problem], t_
 def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
     injection.current()  # a POISE_FAULTS that does not load fails here, before any work
     run_dir = prepare_run_dir(cfg, resume)
-    loop = ColocatedLoop(cfg, run_dir)
+    start_up.begin(run_dir)
+    try:
+        loop = ColocatedLoop(cfg, run_dir)
+    except BaseException:
+        start_up.end()
+        raise
     try:
         if resume:
             checkpoint = latest_checkpoint(run_dir)
@@ -263,6 +271,7 @@ def train_colocated(cfg: TrainConfig, resume: bool = False) -> list[dict]:
                     config=to_dict(cfg)) as log:
             return loop.run(log)
     finally:
+        start_up.end()
         loop.steps.rewards.close()  # the reward sandbox's workers end with the run
         loop.engine.abort()  # an error mid-generation leaves sequences in flight; release needs none
         loop.engine.release()  # vLLM's process, its weights file and shared memory on /dev/shm
