@@ -19,7 +19,7 @@ import torch.distributed as dist
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
-from poise.training import checkpoint
+from poise.training import tensor_files
 from poise.training.trainer import PolicyTrainer
 
 TIMEOUT_S = 40  # the collectives' deadline (cluster.step_timeout_s): a rank left waiting fails only then
@@ -42,7 +42,7 @@ def main(rank: int, store: str, tmp: str, failing: int, out: str) -> None:
     if rank == failing:
         def broken(path, entries, names):
             raise ValueError("injected: a tensor that is not what the listing said")
-        checkpoint.write_tensor_parts = broken
+        tensor_files.write_tensor_parts = broken
     start, raised = time.monotonic(), None
     try:
         shard._write_parts([0, 1], 0, listing, Path(tmp) if rank == 0 else None)

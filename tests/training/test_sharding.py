@@ -111,6 +111,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     weights and state to it), watching the parameter bytes the writer holds as each tensor is
     written; then load it back, each device reading its own run, and digest the whole model."""
     import poise.training.checkpoint as ckpt
+    from poise.training import tensor_files
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
@@ -120,7 +121,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     digest = shard.digest()
     shard.full.shard_over(ranks)
     _moments(shard, shard.full.owns)
-    held, real = [], ckpt.write_tensors
+    held, real = [], tensor_files.write_tensors
 
     def watched(path, entries):
         def watch(name, dtype, shape, value):
@@ -130,7 +131,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
             return name, dtype, shape, value_now
         return real(path, [watch(*e) for e in entries])
 
-    ckpt.write_tensors = watched
+    tensor_files.write_tensors = watched
     if rank == 0:
         shard.save_checkpoint(run_dir, 1, 1, None, ranks)
         shard.save_checkpoint(run_dir, 2, 1, None, ranks, parallel=True)  # each owner writes its part in place
@@ -141,7 +142,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     if rank == world - 1:  # a full disk as the last owner writes its part of step 3: the writer says so
         def full_disk(path, entries, names):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        ckpt.write_tensor_parts = full_disk
+        tensor_files.write_tensor_parts = full_disk
     failed = None
     if rank == 0:
         try:

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from poise.rollout.engine import EngineBusyError
 from poise.runtime.roles import BackgroundTask
-from poise.training.checkpoint import (TrainState, has_optimizer_state, load_checkpoint, optimizer_entries_of,
-                                    safetensors_order, save_checkpoint)
+from poise.training.checkpoint import TrainState, has_optimizer_state, load_checkpoint, save_checkpoint
+from poise.training.tensor_files import optimizer_entries_of, safetensors_order
 from poise.training.lora import trained_parameters
 from poise.runtime.full_shard import ParameterShards
 from poise.runtime.transport import Direct, Transport
@@ -417,7 +417,7 @@ class TorchTrainShard:
         their headers and sizes; every owner then writes its own tensors into them in place.
         A failure anywhere (a full disk) reaches the writer, which raises it. Returns the files
         written."""
-        from poise.training.checkpoint import create_tensor_file, write_tensor_parts
+        from poise.training import tensor_files
 
         ranks = sorted(ranks)
         group = self.comm.get(ranks)
@@ -435,7 +435,7 @@ class TorchTrainShard:
         try:
             if self.rank == writer:
                 for name, (entries, _) in files.items():
-                    create_tensor_file(tmp / name, entries)
+                    tensor_files.create_tensor_file(tmp / name, entries)
         except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows
             failure = e
         where = [str(tmp) if self.rank == writer and failure is None else None]
@@ -443,7 +443,7 @@ class TorchTrainShard:
         if where[0] is not None:
             try:
                 for name, (entries, owned) in files.items():
-                    write_tensor_parts(Path(where[0]) / name, entries, owned)
+                    tensor_files.write_tensor_parts(Path(where[0]) / name, entries, owned)
             except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows
                 failure = e
         failures = [None] * len(ranks)

@@ -7,7 +7,7 @@ fixed-order tree as it comes (train/reduce.py `TreeAccumulator`: about log2(M) +
 held, not M); a mini-batch's gradient is the tree's root divided once by the plan's normaliser,
 so the update does not depend on how micro-batches were spread over devices or when they arrived.
 
-A micro-batch runs as one packed forward (issue 13): its sequences share rows by `pack_rows`
+A micro-batch runs as one packed forward: its sequences share rows by `pack_rows`
 (a function of their lengths in sample-id order, so still canonical), positions restart per
 sequence so attention stays within it, and the output head runs only where a response token is
 predicted. No padding between sequences, no per-sample tensor work, one forward per micro-batch
