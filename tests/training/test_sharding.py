@@ -15,8 +15,9 @@ import torch.multiprocessing as mp
 
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
-from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard, gather_runs
-from poise.training.sharding import element_bounds, owner_runs
+from poise.runtime.communicators import CommunicatorCache
+from poise.runtime.train_shard import TorchTrainShard
+from poise.training.state.placement import element_bounds, gather_runs, owner_runs
 from poise.training.trainer import PolicyTrainer
 
 SIZES = [[5, 1, 1, 1, 1, 1], [1] * 7, [10], [3, 3, 3, 3], [100, 7, 7, 300, 2, 2, 50]]
@@ -119,9 +120,9 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     ranks = list(range(world))
     shard = _shard(rank=rank, mode="full")
     digest = shard.digest()
-    shard.full.shard_over(ranks)
-    _moments(shard, shard.full.owns)
-    held, real = [], tensor_files.write_tensors
+    shard.state.shards.shard_over(ranks)
+    _moments(shard, shard.state.shards.owns)
+    held, real = [], ckpt.write_tensors
 
     def watched(path, entries):
         def watch(name, dtype, shape, value):
@@ -131,7 +132,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
             return name, dtype, shape, value_now
         return real(path, [watch(*e) for e in entries])
 
-    tensor_files.write_tensors = watched
+    ckpt.write_tensors = watched
     if rank == 0:
         shard.save_checkpoint(run_dir, 1, 1, None, ranks)
         shard.save_checkpoint(run_dir, 2, 1, None, ranks, parallel=True)  # each owner writes its part in place
@@ -207,13 +208,13 @@ def test_an_owner_refuses_to_step_without_the_state_of_its_run():
     must stop the update instead."""
     shard = _shard()
     n = len(shard.trainer.params)
-    shard._check_state(0, n // 2)  # before any update: no state anywhere, fine
-    shard.stepped = True  # an update happened: the run's state must be here, all of it
+    shard.state.owned.check(0, n // 2)  # before any update: no state anywhere, fine
+    shard.state.owned.stepped = True  # an update happened: the run's state must be here, all of it
     with pytest.raises(RuntimeError, match="a reshard of the optimizer state is missing"):
-        shard._check_state(0, n // 2)
+        shard.state.owned.check(0, n // 2)
     for p in shard.trainer.params[: n // 2]:
         shard.trainer.optimizer.state[p] = shard.trainer.fresh_state(p)
-    shard._check_state(0, n // 2)
+    shard.state.owned.check(0, n // 2)
     shard.trainer.optimizer.state[shard.trainer.params[-1]] = shard.trainer.fresh_state(shard.trainer.params[-1])
     with pytest.raises(RuntimeError, match=f"holds the optimizer state of parameters 0-{n // 2 - 1}, {n - 1}"):
-        shard._check_state(0, n // 2)  # another owner's state too: a reshard that did not hand it on
+        shard.state.owned.check(0, n // 2)  # another owner's state too: a reshard that did not hand it on

@@ -183,7 +183,7 @@ class Runtime:
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg,
-                                    step_timeout_s=c.step_timeout_s, lockstep=self.full, **self.helpers())
+                                    step_timeout_s=c.step_timeout_s, rounds=self.full, **self.helpers())
 
     @property
     def sharded(self) -> bool:

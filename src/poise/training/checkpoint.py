@@ -44,9 +44,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from poise.errors import PoiseError
-from poise.training import tensor_files
 from poise.training.optim_state import place_state
-from poise.training.tensor_files import Entry, optimizer_entries_of, safetensors_order
+from poise.training.tensor_files import Entry, optimizer_entries_of, safetensors_order, write_tensors
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "optimizer.safetensors", "state.json")
 # An async run's checkpoint also holds the samples of the next step, made with the weights before
@@ -135,12 +134,12 @@ def write_checkpoint(run_dir: str | Path, model: torch.nn.Module, optimizer: tor
         save_hf_weights(model, tmp, dict(trained_parameters(model)))  # under LoRA: the adapter
     else:
         save_hf_config(model, tmp)
-        tensor_files.write_tensors(tmp / "model.safetensors", safetensors_order(weight_entries))
+        write_tensors(tmp / "model.safetensors", safetensors_order(weight_entries))
     _test_kill("model", state.step)
     if "optimizer.safetensors" not in written:
         if optimizer_entries is None:
             optimizer_entries = optimizer_entries_of(model, optimizer)
-        tensor_files.write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
+        write_tensors(tmp / "optimizer.safetensors", optimizer_entries)
     _test_kill("optimizer", state.step)
     for name, data in (extra or {}).items():
         (tmp / name).write_bytes(data)
