@@ -6,7 +6,7 @@ merges it into the base), `optimizer.safetensors` (AdamW moments by parameter na
 (completed steps = data cursor, weights version, torch RNG, and the sizes of the other three
 files). Nothing time- or path-dependent is written, so two runs with the same seed write
 byte-identical checkpoints. Sharded, the owners write their own tensors into these files
-(train/tensor_files.py: `create_tensor_file`, then `write_tensor_parts` by each) or stream them to
+(training/tensor_files.py: `create_tensor_file`, then `write_tensor_parts` by each) or stream them to
 the saving device: the same bytes in every shard mode and split.
 
 Verified by content: state.json also records each file's sha256 (`"sha256": {name: hexdigest}`,

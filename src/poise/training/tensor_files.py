@@ -1,8 +1,8 @@
 """Safetensors files written one tensor at a time: the layout of a checkpoint's tensor files, so a
 file can be streamed from its owners (each value asked for when its bytes are due) or written in
 place by every owner at once, with the bytes `safetensors.torch.save_file` writes of the same
-tensors. Checkpoints (train/checkpoint.py) and the sharded states' checkpoint parts
-(train/state/checkpoint_stream.py) write through these.
+tensors. Checkpoints (training/checkpoint.py) and the sharded states' checkpoint parts
+(training/state/checkpoint_stream.py) write through these.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def trained_tokens(sample: SampleLike) -> int:
 class GradientConsumer(Protocol):
     """Takes a micro-batch's gradient parameter by parameter as the backward produces it, in place
     of the trainer's flat buffer (a fully sharded state sends each to its owner:
-    train/state/parameter_shards.py). Given per call to `micro_batch_grad`, never set on the
+    training/state/parameter_shards.py). Given per call to `micro_batch_grad`, never set on the
     trainer."""
 
     def begin_backward(self) -> None:

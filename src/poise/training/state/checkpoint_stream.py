@@ -2,7 +2,7 @@
 weights) reaches the writer's files, either streamed to the writer tensor by tensor in file order
 (so no device holds more than its run and one tensor of another's) or written by each owner into
 the writer's files in place (every train device sees the run directory). Either way the files
-have the bytes a whole model's save writes (train/tensor_files.py).
+have the bytes a whole model's save writes (training/tensor_files.py).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class CheckpointStream:
         return value
 
     def state_entries(self, ranks: list[int], writer: int, before_sends=None):
-        """Every train device's optimizer state as the writer's file entries (train/tensor_files.py
+        """Every train device's optimizer state as the writer's file entries (training/tensor_files.py
         `write_tensors`), in parameter order: on the writer, entries whose values arrive from
         their owners when due; on the others, each of their own entries sent in that same order
         (so the writer's receives meet the owners' sends one by one; nothing else is held), after

@@ -1,5 +1,5 @@
 """The gradient exchange of the replicated and optimizer-sharded states: a device folds each
-micro-batch gradient it computes into the fixed tree at once (train/reduce.py `TreeAccumulator`:
+micro-batch gradient it computes into the fixed tree at once (training/reduce.py `TreeAccumulator`:
 the aligned nodes of the micro-batches it holds, about log2(M) + 1 flat gradients, never M), and
 the reduction is transport plus one fixed order: every rank of the group combines one contiguous
 slice of the flat gradient, receiving that slice of every rank's nodes point to point and adding

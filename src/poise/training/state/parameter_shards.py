@@ -1,6 +1,6 @@
 """`cluster.shard: full`: the parameters are sharded too, not only their AdamW state.
 
-Ownership is `optimizer`'s (train/state/placement.py: contiguous runs of whole tensors). At rest a train
+Ownership is `optimizer`'s (training/state/placement.py: contiguous runs of whole tensors). At rest a train
 device holds the storage of its own run alone; every other parameter keeps its shape with an
 empty storage. The forward and the backward gather each module's parameters just before the module
 runs, by broadcast from the owner over the train group, and free them right after (a forward hook;
@@ -76,7 +76,7 @@ class ParameterShards:
         self._install_hooks()
 
     def _own(self, ranks: list[int]) -> list[torch.Tensor]:
-        """Take ownership of the runs among sorted `ranks` (train/state/placement.py); the parameters."""
+        """Take ownership of the runs among sorted `ranks` (training/state/placement.py); the parameters."""
         self.owner = owner_of_each(self.sizes, ranks)
         self.ranks, self._group = ranks, None
         return self.params
