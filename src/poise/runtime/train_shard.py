@@ -183,8 +183,8 @@ class TorchTrainShard:
     def digest(self) -> str | None:
         """The weights' digest; where the weights are sharded, collective over the train group and
         the group's first device returns it (the others None)."""
-        self.wait_optimizer_transfer()  # it may be a collective: never beside a transfer on its own thread
-        return self.state.digest()
+        # a collective digest never runs beside a transfer still on its own thread
+        return self.state.digest(before_collective=self.wait_optimizer_transfer)
 
 
 def stand_in(pad_id: int) -> list[Sample]:

@@ -8,6 +8,7 @@ streams them from their owners, and a digest is collective.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -90,9 +91,10 @@ class FullySharded:
         self.owned.stepped = has_optimizer_state(Path(path))
         return state
 
-    def digest(self) -> str | None:
+    def digest(self, before_collective: Callable[[], object]) -> str | None:
         """While sharded: collective over the train group, the group's first device returns it."""
         if self._sharded() is not None:
+            before_collective()
             return self.shards.digest(self.names)
         return weights_digest(self.trainer.model)
 

@@ -7,6 +7,7 @@ every device by all-gather. Checkpoints take every owner's part (checkpoint_stre
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -77,7 +78,7 @@ class OptimizerSharded:
         self.owned.stepped = has_optimizer_state(Path(path))
         return state
 
-    def digest(self) -> str:
+    def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
 
     def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int):

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -71,8 +71,9 @@ class StateStrategy(Protocol):
         """Read the weights and the optimizer state this device holds among `train_ranks`."""
         ...
 
-    def digest(self) -> str | None:
-        """The weights' digest (None on the devices of a collective digest that do not compute it)."""
+    def digest(self, before_collective: Callable[[], object]) -> str | None:
+        """The weights' digest (None on the devices of a collective digest that do not compute it);
+        `before_collective()` runs first where the digest is a collective."""
         ...
 
     # ---- a live resize ------------------------------------------------------------------------

@@ -5,6 +5,7 @@ reduction all-gathers the summed gradient to every device, and every device take
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -56,7 +57,7 @@ class Replicated:
         self.trainer.optimizer.state.clear()
         return load_checkpoint(Path(path), self.trainer.model, self.trainer.optimizer, owned, None)
 
-    def digest(self) -> str:
+    def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
 
     def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> OptimizerTransfer:
