@@ -9,7 +9,7 @@ is taken full and with `model.lora` attached (train/lora.py `attach_adapter`, pe
 come from the trainer's own tensors (`PolicyTrainer.fresh_state`: what AdamW holds per trainable
 parameter after its first update and what a live resize's staging fills, fp32): no formula of ours.
   optimizer   AdamW state on a train device, unsharded (step, exp_avg, exp_avg_sq)
-  resize      what one device joining the trainer receives (OptimizerStaging: every state tensor)
+  resize      what one device joining the trainer receives (OptimizerTransfer: every state tensor)
   sync        what one rollout device receives per weight sync (the trained parameters, float32)
   checkpoint  a checkpoint's model.safetensors payload (the trained parameters)
 The demo row also takes one real AdamW step and checks its state's bytes against `optimizer`.

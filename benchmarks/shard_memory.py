@@ -41,7 +41,8 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
 
     from poise.config import AlgorithmConfig
     from poise.policy.plan import contiguous_ranges
-    from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
+    from poise.runtime.communicators import CommunicatorCache
+    from poise.runtime.train_shard import TorchTrainShard
     from poise.training.reduce import index_nodes
     from poise.training.trainer import PolicyTrainer
     from poise.types import Sample
@@ -61,9 +62,10 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
         tok = CharTokenizer()
         model = load_model(model_dir, keep=None if owners is None else _own_run(model_dir, torch.float32, owners, rank))
     trainer = PolicyTrainer(model, AlgorithmConfig(), tok.pad_id)
+    rounds = shard == "full"  # micro-batches in lockstep rounds, as the trainer group sends them
     shard = TorchTrainShard(rank, trainer, CommunicatorCache(), True, torch.device("cpu"), lambda v: None, shard)
     if owners is not None:
-        shard.full.adopt(owners)
+        shard.adopt(owners)
     m = micro * world
     ranges = contiguous_ranges(m, world)
     rows = max(len(index_nodes(range(a, b), m)) for a, b in ranges)
@@ -77,10 +79,10 @@ def device(rank: int, world: int, port: int, shape: str, shard: str, micro: int,
                            tuple([-2.0] * tokens), "stop", 0, 0.0, 0.0, tokens) for j in range(samples)]
                    for i in range(m)]  # every rank draws every micro-batch: the same samples in any split
         # full: every W-th micro-batch from its rank, in rounds (runtime/trainer_group.py); else the plan's range
-        mine = range(rank, m, world) if shard.full is not None else range(lo, hi)
+        mine = range(rank, m, world) if rounds else range(lo, hi)
         for i in mine:
             advantages = list(torch.linspace(-1, 1, samples).tolist())
-            if shard.full is not None:  # every device has `micro` of them: no stand-in round
+            if rounds:  # every device has `micro` of them: no stand-in round
                 shard.train_round(i, batches[i], advantages, list(range(world)))
             else:
                 shard.train_micro_batch(i, batches[i], advantages)

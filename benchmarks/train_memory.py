@@ -111,7 +111,8 @@ def traffic_rank(rank: int, world: int, port: int, numel: int, micro: int, queue
     import torch.distributed as dist
 
     from poise.policy.plan import contiguous_ranges
-    from poise.runtime.train_shard import exchange_and_combine
+    from poise.runtime.transport import Direct
+    from poise.training.state.exchange import exchange_and_combine
     from poise.training.reduce import TreeAccumulator, index_nodes, tree_sum
 
     torch.set_num_threads(1)
@@ -130,7 +131,7 @@ def traffic_rank(rank: int, world: int, port: int, numel: int, micro: int, queue
     dist.all_reduce(most, op=dist.ReduceOp.MAX)
     t0 = time.perf_counter()
     total, received = exchange_and_combine(nodes, micro, list(range(world)), rank, dist.group.WORLD, numel,
-                                           torch.device("cpu"), int(most.item()))
+                                           torch.device("cpu"), int(most.item()), transport=Direct())
     seconds = time.perf_counter() - t0
     exact = None
     if rank == 0:

@@ -18,8 +18,11 @@ import torch.distributed as dist
 from poise.config import AlgorithmConfig, EngineConfig, SamplingConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.rollout.engine import Engine
-from poise.runtime import train_shard
-from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, OptimizerStaging, weights_digest
+from poise.runtime.communicators import CommunicatorCache
+from poise.runtime.weight_sync import BroadcastSync
+from poise.training.state import streams
+from poise.training.state.digest import weights_digest
+from poise.training.state.transfer import OptimizerTransfer
 from poise.training.trainer import PolicyTrainer
 
 BUCKET_FLOATS = 1000  # several buckets for the tiny model below
@@ -51,7 +54,7 @@ def main(rank: int, store: str, out: str) -> None:
         counts["sync"] += 1
 
     dist.all_reduce, dist.broadcast = all_reduce, broadcast
-    train_shard._sync = sync
+    streams.synchronize = sync
     comm = CommunicatorCache()
     weights = BroadcastSync(rank, model, comm, torch.device("cpu"), lambda fn: fn(engine))
     cached = weights.prewarm([[0, 1], [0], [1]])
@@ -70,8 +73,8 @@ def main(rank: int, store: str, out: str) -> None:
             trainer.optimizer.state[p] = {"step": torch.tensor(3.0), "exp_avg": torch.randn(p.shape, generator=gen),
                                           "exp_avg_sq": torch.rand(p.shape, generator=gen)}
     counts.update(sync=0)
-    staging = OptimizerStaging(rank, 0, comm.get([0, 1]), trainer, 4096, torch.device("cpu"))
-    staging.task.join()
+    transfer = OptimizerTransfer(rank, 0, comm.get([0, 1]), trainer, 4096, torch.device("cpu"))
+    transfer.run()
     h = hashlib.sha256()
     for p in trainer.params:
         for key in ("step", "exp_avg", "exp_avg_sq"):

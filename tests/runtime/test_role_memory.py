@@ -55,7 +55,7 @@ def test_full_shard_train_devices_start_with_their_own_run_of_the_weights(ray_se
     weights at start-up (the others keep their shapes with no storage); together the two hold
     every weight once, and their collective digest is the checkpoint's."""
     from poise.model.loading import load_model
-    from poise.runtime.train_shard import weights_digest
+    from poise.training.state.digest import weights_digest
 
     cfg = load_train_config(None, ["cluster.devices=2", f"run.dir={tmp_path}", *warm_start.overrides])
     whole = load_model(warm_start.path)

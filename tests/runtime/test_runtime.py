@@ -106,7 +106,7 @@ def _weights_digest(checkpoint) -> str:
     import tempfile
 
     from poise.model.loading import load_model
-    from poise.runtime.train_shard import weights_digest
+    from poise.training.state.digest import weights_digest
 
     if checkpoint not in _DIGESTS:
         with tempfile.TemporaryDirectory() as model_dir:

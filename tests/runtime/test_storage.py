@@ -50,7 +50,7 @@ class _Device(FileEndpoint):
         return state.step, state.weights_version
 
     def digest(self):
-        from poise.runtime.train_shard import weights_digest
+        from poise.training.state.digest import weights_digest
 
         return weights_digest(self.model)
 

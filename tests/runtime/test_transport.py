@@ -23,11 +23,15 @@ import torch.multiprocessing as mp
 from poise.config import AlgorithmConfig, EngineConfig, SamplingConfig, TinyModelConfig
 from poise.model.loading import build_tiny
 from poise.rollout.engine import Engine
-from poise.runtime import train_shard
-from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard, exchange_and_combine
+from poise.runtime.communicators import CommunicatorCache
+from poise.runtime.train_shard import TorchTrainShard
 from poise.runtime.transport import Direct, HostStaged, transport_for
+from poise.runtime.weight_sync import BroadcastSync
 from poise.training.reduce import TreeAccumulator, combine
-from poise.training.sharding import owner_runs
+from poise.training.state import streams
+from poise.training.state.digest import weights_digest
+from poise.training.state.exchange import exchange_and_combine
+from poise.training.state.placement import owner_runs
 from poise.training.trainer import PolicyTrainer
 from poise.types import Sample
 
@@ -97,7 +101,7 @@ def _full_round(rank: int, transport) -> str | None:
     point to point), the owners' step, and the digest of the updated model."""
     ranks = list(range(WORLD))
     shard = _shard(rank, "full", transport)
-    shard.full.shard_over(ranks)
+    shard.state.shards.shard_over(ranks)
     sample = Sample((0, 0, rank), (3, 4, 5), (6, 7, 8 + rank), (-1.0, -1.0, -1.0), "length", 0, 0.0, 0.0, 3)
     shard.train_round(rank, [sample], [1.0 + rank], ranks)
     shard.apply_update(WORLD, [rank], 3.0, ranks, 1)
@@ -109,14 +113,14 @@ def _reshard(rank: int, transport) -> tuple[list[tuple[int, float, float, float]
     changes moves point to point; returns (parameter, step, exp_avg, exp_avg_sq) held here, and
     the number of parameters."""
     shard = _shard(rank, "optimizer", transport)
-    first, end = owner_runs(shard.sizes, WORLD)[rank]
+    first, end = owner_runs(shard.state.sizes, WORLD)[rank]
     for i, p in enumerate(shard.trainer.params):
         if first <= i < end:
             shard.trainer.optimizer.state[p] = {"step": torch.tensor(3.0 + i), "exp_avg": torch.full(p.shape, i + 0.5),
                                                 "exp_avg_sq": torch.full(p.shape, i + 0.25)}
-    shard.stepped = True
+    shard.state.owned.stepped = True
     shard.reshard_optimizer(list(range(WORLD)), [1, 2], 64)  # 16 floats a chunk: many chunks per tensor
-    shard.wait_staging()
+    shard.wait_optimizer_transfer()
     index = {id(p): i for i, p in enumerate(shard.trainer.params)}
     return sorted((index[id(p)], float(st["step"]), st["exp_avg"].view(-1)[0].item(),
                    st["exp_avg_sq"].view(-1)[-1].item()) for p, st in shard.trainer.optimizer.state.items()), \
@@ -127,9 +131,9 @@ def _streamed_save(rank: int, transport, run_dir: str) -> None:
     """`shard: full`: a checkpoint streamed to rank 0 (the others send their weights and state)."""
     ranks = list(range(WORLD))
     shard = _shard(rank, "full", transport)
-    shard.full.shard_over(ranks)
+    shard.state.shards.shard_over(ranks)
     for i, p in enumerate(shard.trainer.params):
-        if shard.full.owns(i):
+        if shard.state.shards.owns(i):
             shard.trainer.optimizer.state[p] = {"exp_avg": torch.full(p.shape, i + 0.5),
                                                 "exp_avg_sq": torch.full(p.shape, i + 0.25), "step": torch.tensor(3.0)}
     if rank == 0:
@@ -146,7 +150,7 @@ def _owners_sync(rank: int, transport) -> str:
     sync = BroadcastSync(rank, model, CommunicatorCache(transport=transport), torch.device("cpu"),
                          lambda fn: fn(engine))
     sync.publish(1, list(range(WORLD)), 5, 0.0005, sources=[1, 2])
-    return train_shard.weights_digest(model)
+    return weights_digest(model)
 
 
 def _rank(rank: int, port: int, run_dir: str, queue) -> None:
@@ -198,7 +202,7 @@ def test_every_point_to_point_transfer_is_staged_where_gloo_carries_device_tenso
     for i in range(m):
         whole.push(i, _leaf(i, numel))
     assert results[0]["staged"]["exchange"] == combine(whole.nodes(m), m, torch.add).tolist()  # the fixed tree's sum
-    initial = train_shard.weights_digest(build_tiny(SHAPE, 20, seed=0))
+    initial = weights_digest(build_tiny(SHAPE, 20, seed=0))
     assert results[0]["staged"]["full"] not in (None, initial)  # the update moved the weights
     assert results[1]["staged"]["full"] is None  # the digest is the group's first rank's
     assert {results[r]["staged"]["sync"] for r in range(WORLD)} == {initial}  # rank 0 got the owners' weights
@@ -235,8 +239,8 @@ def _reshard_order_rank(rank: int, port: int, queue) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     timeline: list = []
-    train_shard._side_stream = lambda device: _RecordingStream(timeline)
-    train_shard._sync = lambda device: timeline.append("sync")
+    streams.side_stream = lambda device: _RecordingStream(timeline)
+    streams.synchronize = lambda device: timeline.append("sync")
     real_send = dist.send
 
     def send(tensor, *args, **kwargs):
@@ -245,16 +249,16 @@ def _reshard_order_rank(rank: int, port: int, queue) -> None:
 
     dist.send = send
     shard = _shard(rank, "optimizer", Direct())
-    first, end = owner_runs(shard.sizes, 2)[rank]
+    first, end = owner_runs(shard.state.sizes, 2)[rank]
     for i, p in enumerate(shard.trainer.params):
         if first <= i < end:
             state = {"step": torch.tensor(2.0), "exp_avg": torch.full(p.shape, 1.0),
                      "exp_avg_sq": torch.full(p.shape, 2.0)}
             shard.trainer.optimizer.state[p] = state
             weakref.finalize(state["exp_avg"], timeline.append, f"free {i}")
-    shard.stepped = True
+    shard.state.owned.stepped = True
     shard.reshard_optimizer([0, 1], [1], 64)
-    shard.wait_staging()
+    shard.wait_optimizer_transfer()
     queue.put((rank, timeline, (len(shard.trainer.optimizer.state), len(shard.trainer.params))))
     dist.destroy_process_group()
 
@@ -305,9 +309,9 @@ def test_a_full_shard_round_waits_for_a_reshard_on_its_own_thread():
         seen.append("round collectives")
         raise RuntimeError("stop here: the round's order is what this test reads")
 
-    shard._staging = type("Staging", (), {})()
-    shard._staging.task = BackgroundTask(transfer, "a reshard")
-    shard.full.begin_round = begin_round
+    shard._transfer = type("Transfer", (), {})()
+    shard._transfer.task = BackgroundTask(transfer, "a reshard")
+    shard.state.begin_round = begin_round
     with pytest.raises(RuntimeError, match="stop here"):
         shard.train_round(0, [], [1.0], [0, 1])
     assert seen == ["reshard done", "round collectives"], seen

@@ -1,5 +1,5 @@
 """One rank of the two-rank gloo world of tests/runtime/test_checkpoint_parts.py (a script, not a
-test): both train devices write their optimizer state into one checkpoint file (`_write_parts`),
+test): both train devices write their optimizer state into one checkpoint file (`write_parts`),
 and rank FAILING's write raises a non-OSError; what each rank raised is written to OUT_JSON.
 
     python write_parts_ranks.py RANK STORE_FILE TMP_DIR FAILING OUT_JSON
@@ -18,8 +18,9 @@ import torch.distributed as dist
 
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
-from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard
-from poise.training import checkpoint
+from poise.runtime.communicators import CommunicatorCache
+from poise.runtime.train_shard import TorchTrainShard
+from poise.training import tensor_files
 from poise.training.trainer import PolicyTrainer
 
 TIMEOUT_S = 40  # the collectives' deadline (cluster.step_timeout_s): a rank left waiting fails only then
@@ -38,14 +39,14 @@ def main(rank: int, store: str, tmp: str, failing: int, out: str) -> None:
                                       "exp_avg_sq": torch.ones(p.shape)}
     shard = TorchTrainShard(rank, trainer, CommunicatorCache(timedelta(seconds=TIMEOUT_S)), True,
                             torch.device("cpu"), None, "optimizer")
-    listing = shard._listing([0, 1])
+    listing = shard.state.stream.listing([0, 1])
     if rank == failing:
         def broken(path, entries, names):
             raise ValueError("injected: a tensor that is not what the listing said")
-        checkpoint.write_tensor_parts = broken
+        tensor_files.write_tensor_parts = broken
     start, raised = time.monotonic(), None
     try:
-        shard._write_parts([0, 1], 0, listing, Path(tmp) if rank == 0 else None)
+        shard.state.stream.write_parts([0, 1], 0, listing, Path(tmp) if rank == 0 else None)
     except Exception as e:  # noqa: BLE001 - what the rank raised is the result
         raised = f"{type(e).__name__}: {e}"
     Path(out).write_text(json.dumps({"raised": raised, "seconds": time.monotonic() - start}))

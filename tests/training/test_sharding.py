@@ -15,8 +15,9 @@ import torch.multiprocessing as mp
 
 from poise.config import AlgorithmConfig, TinyModelConfig
 from poise.model.loading import build_tiny
-from poise.runtime.train_shard import CommunicatorCache, TorchTrainShard, gather_runs
-from poise.training.sharding import element_bounds, owner_runs
+from poise.runtime.communicators import CommunicatorCache
+from poise.runtime.train_shard import TorchTrainShard
+from poise.training.state.placement import element_bounds, gather_runs, owner_runs
 from poise.training.trainer import PolicyTrainer
 
 SIZES = [[5, 1, 1, 1, 1, 1], [1] * 7, [10], [3, 3, 3, 3], [100, 7, 7, 300, 2, 2, 50]]
@@ -111,6 +112,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     weights and state to it), watching the parameter bytes the writer holds as each tensor is
     written; then load it back, each device reading its own run, and digest the whole model."""
     import poise.training.checkpoint as ckpt
+    from poise.training import tensor_files
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
@@ -118,8 +120,8 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     ranks = list(range(world))
     shard = _shard(rank=rank, mode="full")
     digest = shard.digest()
-    shard.full.shard_over(ranks)
-    _moments(shard, shard.full.owns)
+    shard.state.shards.shard_over(ranks)
+    _moments(shard, shard.state.shards.owns)
     held, real = [], ckpt.write_tensors
 
     def watched(path, entries):
@@ -141,7 +143,7 @@ def _full_save_rank(rank: int, world: int, port: int, run_dir: str, queue) -> No
     if rank == world - 1:  # a full disk as the last owner writes its part of step 3: the writer says so
         def full_disk(path, entries, names):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        ckpt.write_tensor_parts = full_disk
+        tensor_files.write_tensor_parts = full_disk
     failed = None
     if rank == 0:
         try:
@@ -206,13 +208,13 @@ def test_an_owner_refuses_to_step_without_the_state_of_its_run():
     must stop the update instead."""
     shard = _shard()
     n = len(shard.trainer.params)
-    shard._check_state(0, n // 2)  # before any update: no state anywhere, fine
-    shard.stepped = True  # an update happened: the run's state must be here, all of it
+    shard.state.owned.check(0, n // 2)  # before any update: no state anywhere, fine
+    shard.state.owned.stepped = True  # an update happened: the run's state must be here, all of it
     with pytest.raises(RuntimeError, match="a reshard of the optimizer state is missing"):
-        shard._check_state(0, n // 2)
+        shard.state.owned.check(0, n // 2)
     for p in shard.trainer.params[: n // 2]:
         shard.trainer.optimizer.state[p] = shard.trainer.fresh_state(p)
-    shard._check_state(0, n // 2)
+    shard.state.owned.check(0, n // 2)
     shard.trainer.optimizer.state[shard.trainer.params[-1]] = shard.trainer.fresh_state(shard.trainer.params[-1])
     with pytest.raises(RuntimeError, match=f"holds the optimizer state of parameters 0-{n // 2 - 1}, {n - 1}"):
-        shard._check_state(0, n // 2)  # another owner's state too: a reshard that did not hand it on
+        shard.state.owned.check(0, n // 2)  # another owner's state too: a reshard that did not hand it on

@@ -226,8 +226,8 @@ class EmulatedTrainShard:
         self.rank, self.cost, self.scale, self.loss_agg = rank, cost, time_scale, loss_agg
         self._normalisers: dict[int, float] = {}  # micro-batch index -> its normaliser
         self.version = 0
-        self._staging: BackgroundTask | None = None
-        self._staging_report: dict = {}
+        self._transfer: BackgroundTask | None = None
+        self._transfer_report: dict = {}
 
     def train_micro_batch(self, index: int, samples: Sequence[Sample], advantages: Sequence[float]) -> dict:
         start = time.time()
@@ -254,7 +254,7 @@ class EmulatedTrainShard:
         if normaliser < own or normaliser <= 0:
             raise RuntimeError(f"device {self.rank}: step normaliser {normaliser} is below this device's own "
                                f"micro-batches' {own}; the trainer group summed the wrong samples")
-        barrier_s = self.wait_staging()
+        barrier_s = self.wait_optimizer_transfer()
         if barrier_s > 0:  # the step itself starts once the optimizer state is whole
             start = time.time()
         wait = start + self.cost.train_fixed_s(len(ranks)) * self.scale - time.time()  # reduction + step
@@ -276,27 +276,27 @@ class EmulatedTrainShard:
             raise RuntimeError(f"device {self.rank}: expected micro-batches {sorted(indices)}, "
                                f"got {sorted(self._normalisers)}")
 
-    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+    def transfer_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """The joiner's optimizer restore, priced by the cost model's live-resize background phases,
         on a background thread that the next update waits for (as the real transfer)."""
-        self.wait_staging()
+        self.wait_optimizer_transfer()
         seconds = self.cost.resize("live").background_s if self.rank != src else 0.0
 
         def run() -> None:
             t = time.time()
             self._sleep(seconds)
-            self._staging_report = {"bytes": 0, "seconds": time.time() - t, "peak_buffer_bytes": 0}
+            self._transfer_report = {"bytes": 0, "seconds": time.time() - t, "peak_buffer_bytes": 0}
 
-        self._staging = BackgroundTask(run, f"device {self.rank}: optimizer staging")
+        self._transfer = BackgroundTask(run, f"device {self.rank}: optimizer transfer")
 
-    def wait_staging(self) -> float:
-        return self._staging.join() if self._staging is not None else 0.0
+    def wait_optimizer_transfer(self) -> float:
+        return self._transfer.join() if self._transfer is not None else 0.0
 
-    def staging_report(self) -> dict:
-        return dict(self._staging_report)
+    def optimizer_transfer_report(self) -> dict:
+        return dict(self._transfer_report)
 
     def drop_optimizer(self) -> None:
-        self.wait_staging()
+        self.wait_optimizer_transfer()
 
     def save_checkpoint(self, run_dir: str, step: int, version: int, extra: dict[str, bytes] | None = None,
                         ranks: list[int] | None = None, parallel: bool = False) -> str:

@@ -11,7 +11,7 @@ rank r. A resize from r to r' moves the devices between the two boundaries:
                               continue each partial with the same tokens (invariant 2). weights:
                               nothing moves, the device holds the current version from that sync.
                               optimizer: a staying train device sends the AdamW state through a
-                              bounded host buffer in the background (train_shard.OptimizerStaging);
+                              bounded host buffer in the background (training/state/transfer.py);
                               the joiner's first update waits for it (the explicit barrier).
   train -> rollout (r' > r)   the device frees its optimizer state and its engine starts from the
                               weights it holds (it shares the trainer's module tree).
@@ -191,7 +191,7 @@ def live_resize(rt: Resizable, to: Split, version: int, step: int, cluster: Clus
     t = time.perf_counter()  # optimizer state streams to the joiners behind their first forward/backward
     if to_train and not rt.sharded:
         ranks = [peer] + to_train
-        on(ranks, lambda w: w.stage_optimizer.remote(peer, ranks, staging_bytes))
+        on(ranks, lambda w: w.transfer_optimizer.remote(peer, ranks, staging_bytes))
     if not rt.sharded:
         report.phases["optimizer_staging_start"] = time.perf_counter() - t
     report.groups_created = sum(on(list(range(len(workers))), lambda w: w.groups_created_after_prewarm.remote()))
@@ -258,8 +258,8 @@ def finish_report(rt: Devices, report: ResizeReport, updates: Sequence[dict], cl
     and how long that step's updates waited for it."""
     staged_by = report.staged_by or report.to_train  # sharded: every owner old and new; else the joiners
     if staged_by:
-        reports = _on(rt, list(staged_by), lambda w: w.staging_report.remote(),
-                      f"the optimizer staging of the resize after step {report.step}", cluster.step_timeout_s)
+        reports = _on(rt, list(staged_by), lambda w: w.optimizer_transfer_report.remote(),
+                      f"the optimizer transfer of the resize after step {report.step}", cluster.step_timeout_s)
         report.staging = dict(zip(staged_by, reports))
     report.barrier_s = max((u.get("barrier_s", 0.0) for u in updates), default=0.0)
     return report

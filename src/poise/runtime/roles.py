@@ -4,7 +4,7 @@
     RolloutEngine  continuous batching (poise.rollout.engine.Engine | runtime.emulated.EmulatedEngine)
     TrainShard     gradients of canonical micro-batches and the exact update
                    (runtime.train_shard.TorchTrainShard | runtime.emulated.EmulatedTrainShard)
-    WeightSync     weights trainer -> rollout (runtime.train_shard.BroadcastSync | runtime.emulated.EmulatedSync)
+    WeightSync     weights trainer -> rollout (runtime.weight_sync.BroadcastSync | runtime.emulated.EmulatedSync)
 
 `EngineLoop` runs a RolloutEngine on its own thread inside the actor, so generation never waits
 for the driver: requests go in with `submit`, finished samples collect in an outbox that the
@@ -86,13 +86,13 @@ class TrainShard(Protocol):
 
     def digest(self) -> str: ...
 
-    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+    def transfer_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """Live resize: send (rank == src) or receive the optimizer state in the background."""
         ...
 
-    def wait_staging(self) -> float: ...
+    def wait_optimizer_transfer(self) -> float: ...
 
-    def staging_report(self) -> dict: ...
+    def optimizer_transfer_report(self) -> dict: ...
 
     def drop_optimizer(self) -> None: ...
 
@@ -112,7 +112,7 @@ class WeightSync(Protocol):
 
 class BackgroundTask:
     """`fn()` on a thread of its own, which a later call waits for (a live resize's optimizer
-    staging, that the next update and checkpoint must see whole)."""
+    transfer, that the next update and checkpoint must see whole)."""
 
     def __init__(self, fn, name: str):
         self._error: BaseException | None = None

@@ -151,7 +151,7 @@ class Runtime:
             self.service.instance_of, self.service.busy = old.instance_of, old.busy
         self.trainer = TrainerGroup([self.workers[d] for d in self.train_ranks], self.train_ranks,
                                     algo.advantage, self.cfg.pipeline.streaming, algo.loss_agg, c.step_timeout_s,
-                                    lockstep=self.fully_sharded, std_eps=algo.std_eps,
+                                    rounds=self.fully_sharded, std_eps=algo.std_eps,
                                     **self.rollout_devices_in_training())
 
     @property

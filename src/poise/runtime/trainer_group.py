@@ -66,10 +66,12 @@ class TrainerGroup:
 
     def __init__(self, workers: Sequence[object], ranks: Sequence[int], advantage: str, streaming: bool,
                  loss_agg: str, step_timeout_s: float = 600.0, helpers: Sequence[object] = (),
-                 helper_ranks: Sequence[int] = (), lockstep: bool = False, std_eps: float = STD_EPS):
+                 helper_ranks: Sequence[int] = (), rounds: bool = False, std_eps: float = STD_EPS):
         self.advantage, self.streaming, self.loss_agg = advantage, streaming, loss_agg
         self.std_eps = std_eps  # algorithm.std_eps: added to the std an advantage divides by
-        self.lockstep = lockstep  # cluster.shard: full: micro-batches go in rounds (`_dispatch_rounds`)
+        # the train devices compute in rounds, one micro-batch each at a time, where their state makes every
+        # forward and backward collective (cluster.shard full gathers parameters): `_dispatch_rounds`
+        self.rounds = rounds
         self.step_timeout_s = step_timeout_s  # the heartbeat deadline of finish_step (runtime/faults.py)
         self.set_devices(workers, ranks, helpers, helper_ranks)
         self.micro_refs: list = []  # ((mini, [micro-batch indices]), device rank, ObjectRef)
@@ -124,7 +126,7 @@ class TrainerGroup:
         self.next_mini = 0
         # per mini-batch, device position (train devices, then helpers) -> the micro-batches it computes
         self.assigned: list[dict[int, list[int]]] = [{} for _ in plan.minis]
-        self.rounds_sent = [0] * len(plan.minis)  # lockstep: rounds of each mini-batch dispatched
+        self.rounds_sent = [0] * len(plan.minis)  # in rounds: those of each mini-batch dispatched
         self.micro_refs, self.update_refs, self.contribute_refs = [], [], []
         self.prefetched = {}  # (mini, micro) -> the train device (position) its samples were sent ahead to
         self.prefetch_refs = []
@@ -169,7 +171,7 @@ class TrainerGroup:
             mini, done = self.plan.minis[self.next_mini], self.dispatched[self.next_mini]
             ready = [j for j, ids in enumerate(mini.micro)
                      if j not in done and all(i in self.advantages for i in ids)]
-            if self.lockstep:
+            if self.rounds:
                 self._dispatch_rounds(mini, ready, done)
                 if len(done) < len(mini.micro):
                     return
@@ -204,12 +206,12 @@ class TrainerGroup:
 
     def _owner(self, u: int, j: int) -> int:
         """The train device (position) that computes micro-batch j of mini-batch u: the plan's
-        contiguous ranges, or with lockstep rounds every W-th (`_dispatch_rounds`)."""
-        return j % len(self.workers) if self.lockstep else self.plan.minis[u].owner(j)
+        contiguous ranges, or in rounds every W-th (`_dispatch_rounds`)."""
+        return j % len(self.workers) if self.rounds else self.plan.minis[u].owner(j)
 
     def _dispatch_rounds(self, mini, ready: list[int], done: set[int]) -> None:
         """`cluster.shard: full`: the train devices gather each other's parameters module by
-        module, so they compute in lockstep rounds (runtime/full_shard.py). Round r is micro-batches
+        module, so they compute in lockstep rounds (training/state/parameter_shards.py). Round r is micro-batches
         rW .. rW + W - 1, one per device (device d computes every W-th from d; past the last, a
         stand-in), so each round's gradients form aligned blocks of the tree and an owner holds
         about log2(M / W) + 1 partial sums of its slice, not one tree per device. A round goes out

@@ -2,10 +2,10 @@
 actor does not (docs/design.md, "Device pool").
 
 The worker holds three role objects behind the Protocols of `runtime/roles.py` and delegates to
-them; real compute (`runtime/train_shard.py`, torch) and emulated compute (`runtime/emulated.py`,
-sleeps priced by the cost model, no torch in the process) are two implementations of the same
-roles. The rollout engine runs on its own thread (`EngineLoop`): the driver hands requests in
-with `submit` and collects finished samples in batches with `take`.
+them; real compute (`runtime/train_shard.py` and `runtime/weight_sync.py`, torch) and emulated
+compute (`runtime/emulated.py`, sleeps priced by the cost model, no torch in the process) are two
+implementations of the same roles. The rollout engine runs on its own thread (`EngineLoop`): the
+driver hands requests in with `submit` and collects finished samples in batches with `take`.
 
 One exception to one process per device, for emulated compute only: `DeviceHost` holds several
 emulated devices in one process (`emulation.devices_per_process`; a Ray process alone costs
@@ -46,7 +46,7 @@ class WorkerSpec:
     emulated: object = None  # poise.runtime.emulated.EmulatedSpec: cluster.compute emulated, no model
     step_timeout_s: float = 600.0  # gloo collectives give up after this long (a dead or hung peer)
     gpus_per_device: float = 1.0  # cuda below 1: devices share a GPU, so their collectives go over gloo
-    shard: str = "none"  # cluster.shard: none | optimizer | full (runtime/train_shard.py)
+    shard: str = "none"  # cluster.shard: none | optimizer | full (poise.training.state)
     faults: FaultInjector = field(default_factory=NoFaults)  # poise/injection.py: none unless a run injects them
     train_ranks: tuple[int, ...] = ()  # the train devices the actors start in (shard: full builds only its run)
 
@@ -133,7 +133,7 @@ class Device(FileEndpoint):
         """Switch role in place. To rollout: the engine starts from the weights this device holds
         (it shares the trainer's module tree) at weights `version`; the optimizer state is freed.
         To train: the weights are already those of `version` (synced as a rollout device); the
-        optimizer state arrives by `stage_optimizer`. Returns the weights version held."""
+        optimizer state arrives by `transfer_optimizer`. Returns the weights version held."""
         if self.role == "rollout" and self.version != version:  # a train device holds the latest by construction
             raise RuntimeError(f"device {self.rank} holds weights version {self.version}, the job is at "
                                f"{version}; a live resize happens only between a sync and the next update")
@@ -156,13 +156,13 @@ class Device(FileEndpoint):
         self.loop.with_engine(lambda engine: engine.set_weights_version(version))
         return version
 
-    def stage_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
+    def transfer_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """Send (rank == src) or receive the optimizer state over the cached group of `ranks`, in the
         background; this device's next update (or checkpoint) waits for it."""
-        self.shard.stage_optimizer(src, ranks, buffer_bytes)
+        self.shard.transfer_optimizer(src, ranks, buffer_bytes)
 
-    def staging_report(self) -> dict:
-        return self.shard.staging_report()
+    def optimizer_transfer_report(self) -> dict:
+        return self.shard.optimizer_transfer_report()
 
     def groups_created_after_prewarm(self) -> int:
         """Communicators created after `prewarm_groups`: a live resize must find all it needs cached."""
@@ -376,7 +376,9 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
 
     from poise.data.tokenizer import load_tokenizer
     from poise.rollout.backends import build_engine
-    from poise.runtime.train_shard import BroadcastSync, CommunicatorCache, TorchTrainShard
+    from poise.runtime.communicators import CommunicatorCache
+    from poise.runtime.train_shard import TorchTrainShard
+    from poise.runtime.weight_sync import BroadcastSync
     from poise.training.determinism import bitwise_cuda
     from poise.training.setup import pin_threads
     from poise.training.trainer import PolicyTrainer
@@ -420,7 +422,7 @@ def _real_roles(rank: int, world_size: int, rendezvous: str, spec: WorkerSpec, e
 
     shard = TorchTrainShard(rank, trainer, comm, spec.bitwise, device, set_version, spec.shard)
     if owners is not None:
-        shard.full.adopt(owners)
+        shard.adopt(owners)
     return engine, shard, BroadcastSync(rank, model, comm, device, engine_call)
 
 
@@ -486,9 +488,9 @@ def join_rendezvous(rank: int, world_size: int, key: str, timeout):
 
 def _own_run(path: str, dtype, owners: list[int], rank: int) -> set[str]:
     """The names of the parameters device `rank` owns among train devices `owners` (the trainer's
-    parameters in order, train/sharding.py `owner_runs`), from the checkpoint's shapes alone."""
+    parameters in order, training/state/placement.py `owner_runs`), from the checkpoint's shapes alone."""
     from poise.model.loading import load_model
-    from poise.training.sharding import owner_runs
+    from poise.training.state.placement import owner_runs
 
     named = [(n, p) for n, p in load_model(path, dtype, "meta").named_parameters() if p.requires_grad]
     first, end = owner_runs([p.numel() for _, p in named], len(owners))[owners.index(rank)]

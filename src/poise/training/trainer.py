@@ -50,6 +50,23 @@ def trained_tokens(sample: SampleLike) -> int:
     return len(sample.token_ids) if mask is None else sum(mask)
 
 
+class GradientConsumer(Protocol):
+    """Takes a micro-batch's gradient parameter by parameter as the backward produces it, in place
+    of the trainer's flat buffer (a fully sharded state sends each to its owner:
+    training/state/parameter_shards.py). Given per call to `micro_batch_grad`, never set on the
+    trainer."""
+
+    def begin_backward(self) -> None:
+        """The backward starts: a forward from here on is gradient checkpointing's recompute."""
+        ...
+
+    def take(self, index: int, grad: torch.Tensor) -> None:
+        """Parameter `index`'s gradient (of `PolicyTrainer.params`), valid during the call only."""
+        ...
+
+    def end_backward(self) -> None: ...
+
+
 @dataclass
 class MicroBatchResult:
     index: int
@@ -240,9 +257,7 @@ class PolicyTrainer:
         self.shapes = tuple(p.shape for p in self.params)
         self.numel = sum(p.numel() for p in self.params)
         self._grad_target: torch.Tensor | None = None  # the flat buffer of the backward in progress
-        # cluster.shard: full (runtime/full_shard.py): each parameter's gradient goes to its owner as the
-        # backward produces it, fn(parameter index, gradient); no flat buffer is made
-        self.grad_sink: Callable[[int, torch.Tensor], None] | None = None
+        self._consumer: GradientConsumer | None = None  # or the backward's consumer, which takes each gradient
         offset = 0
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(self._flat_hook(i, offset))
@@ -301,10 +316,11 @@ class PolicyTrainer:
             for copy_, p in self._step_start_pairs:
                 copy_.copy_(p)
 
-    def micro_batch_grad(self, index: int, samples: Sequence[SampleLike],
-                         advantages: torch.Tensor) -> MicroBatchResult:
+    def micro_batch_grad(self, index: int, samples: Sequence[SampleLike], advantages: torch.Tensor,
+                         consumer: GradientConsumer | None = None) -> MicroBatchResult:
         """Gradient of the summed policy loss (algo/losses.py `policy_loss`, knobs from the
-        algorithm config) of one micro-batch. advantages: [B] float32."""
+        algorithm config) of one micro-batch. advantages: [B] float32. `consumer`: takes each
+        parameter's gradient as the backward produces it; the result's flat gradient is then empty."""
         self.model.train()
         device = self.params[0].device
         advantages = advantages.to(device)
@@ -353,31 +369,29 @@ class PolicyTrainer:
                            entropy_coef=c.entropy_coef, entropy=entropy, is_weights=is_weights)
         mismatch = mismatch_stats(_trained(flat_logp.detach() - batch.old_logprobs.to(device), batch) if first else None,
                                   is_weights, truncated, mask)
-        # a parameter without gradient: 0 (sunk, none is made: its owner sums what arrives)
-        flat = torch.zeros(0 if self.grad_sink else self.numel, dtype=torch.float32, device=device)
+        # a parameter without gradient: 0 (consumed, none is made: its owner sums what arrives)
+        flat = torch.zeros(0 if consumer is not None else self.numel, dtype=torch.float32, device=device)
         for p in self.params:
             p.grad = None  # the hook must see this backward's gradient alone
-        self._grad_target = flat
+        self._grad_target, self._consumer = flat, consumer
+        if consumer is not None:
+            consumer.begin_backward()
         try:
             loss.total.backward()
         finally:
-            self._grad_target = None
+            self._grad_target, self._consumer = None, None
+            if consumer is not None:
+                consumer.end_backward()
         return MicroBatchResult(index, flat, loss.normaliser, float(loss.total.detach()), loss.clipped_tokens,
                                 loss.kl_sum, int(mask.sum()), self.shapes, entropy_sum, mismatch,
                                 loss.clipped_responses, len(samples))
-
-    @property
-    def in_backward(self) -> bool:
-        """Whether `micro_batch_grad`'s backward is running (a forward now is gradient
-        checkpointing's recompute)."""
-        return self._grad_target is not None
 
     def _flat_hook(self, index: int, offset: int):
         def hook(p: torch.Tensor) -> None:
             if self._grad_target is None:
                 return
-            if self.grad_sink is not None:  # sharded parameters: to the owner at once
-                self.grad_sink(index, p.grad)
+            if self._consumer is not None:  # sharded parameters: to the owner at once
+                self._consumer.take(index, p.grad)
             else:  # a backward of micro_batch_grad: move the gradient into the buffer
                 self._grad_target[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
             p.grad = None

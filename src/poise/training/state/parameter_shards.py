@@ -1,6 +1,6 @@
 """`cluster.shard: full`: the parameters are sharded too, not only their AdamW state.
 
-Ownership is `optimizer`'s (train/sharding.py: contiguous runs of whole tensors). At rest a train
+Ownership is `optimizer`'s (training/state/placement.py: contiguous runs of whole tensors). At rest a train
 device holds the storage of its own run alone; every other parameter keeps its shape with an
 empty storage. The forward and the backward gather each module's parameters just before the module
 runs, by broadcast from the owner over the train group, and free them right after (a forward hook;
@@ -11,13 +11,15 @@ gradient goes to its owner point to point as soon as the backward produces it, a
 folds every device's micro-batch gradient, one at a time as it arrives, into that parameter's
 tree (bitwise: `TreeAccumulator`, leaf = micro-batch index, so the additions are the flat tree's,
 element for element) or running sum (semantic). No device ever holds a whole gradient, and
-between modules none holds the whole model.
+between modules none holds the whole model. The trainer knows none of this: a round hands it
+these shards as the micro-batch's `GradientConsumer` (train/trainer.py), and the hooks sit on
+the model's modules, not in its code.
 
 The gathers are collectives, so the train devices run rounds in lockstep: round k is every
 device's k-th micro-batch of the mini-batch (micro-batches kW .. kW + W - 1: device d computes every
 W-th), and a device with none left runs a one-token stand-in whose gradient its owners drop
-(runtime/trainer_group.py dispatches rounds). Every device runs the
-same modules in the same order, so the broadcasts and gathers meet one by one.
+(the runtime's trainer group dispatches rounds). Every device runs the same modules in the same
+order, so the broadcasts and gathers meet one by one.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ import torch
 import torch.distributed as dist
 
 from poise.training.reduce import TreeAccumulator, combine
-from poise.training.sharding import owner_runs
-from poise.types import Sample
+from poise.training.state.placement import owner_of_each, owner_runs
 
 
 class ParameterShards:
-    """The parameters of one train device's `PolicyTrainer` under `cluster.shard: full`."""
+    """The parameters of one train device's `PolicyTrainer` under `cluster.shard: full`; during a
+    round, the trainer's `GradientConsumer` too (`begin_backward`, `take`, `end_backward`)."""
 
     def __init__(self, trainer, comm, device: torch.device, rank: int, bitwise: bool):
         self.trainer, self.comm, self.device, self.rank, self.bitwise = trainer, comm, device, rank, bitwise
@@ -49,6 +51,7 @@ class ParameterShards:
         self._hooks: list = []
         self._group = None  # the train group's communicator, while sharded
         self._active = False
+        self._in_backward = False  # the round's backward runs: a forward now is gradient checkpointing's recompute
         for p in self.params:  # each tensor its own resizable storage, so it can be freed alone
             storage = p.data.untyped_storage()
             if storage.nbytes() and (not storage.resizable() or storage.nbytes() != p.numel() * p.element_size()):
@@ -73,9 +76,8 @@ class ParameterShards:
         self._install_hooks()
 
     def _own(self, ranks: list[int]) -> list[torch.Tensor]:
-        """Take ownership of the runs among sorted `ranks` (train/sharding.py); the parameters."""
-        runs = owner_runs(self.sizes, len(ranks))
-        self.owner = [ranks[r] for r, (a, b) in enumerate(runs) for _ in range(a, b)]
+        """Take ownership of the runs among sorted `ranks` (training/state/placement.py); the parameters."""
+        self.owner = owner_of_each(self.sizes, ranks)
         self.ranks, self._group = ranks, None
         return self.params
 
@@ -88,7 +90,7 @@ class ParameterShards:
 
     def adopt(self, ranks: list[int]) -> None:
         """Sharded over train devices `ranks` from the start: the model was loaded with this
-        device's run alone (runtime/worker.py), every other parameter has no storage. No
+        device's run alone (the runtime's worker), every other parameter has no storage. No
         collective: the group's communicator is taken at the first round."""
         self._own(sorted(ranks))
         for i, p in enumerate(self.params):
@@ -166,7 +168,7 @@ class ParameterShards:
         self._remove_hooks()
 
     def digest(self, names: list[str]) -> str | None:
-        """`train_shard.weights_digest` of the whole model, computed on the group's first rank as
+        """`digest.weights_digest` of the whole model, computed on the group's first rank as
         the owners broadcast their parameters (collective; the others return None)."""
         h = hashlib.sha256()
         first = self.ranks is None or self.rank == self.ranks[0]
@@ -181,25 +183,19 @@ class ParameterShards:
     # ---- one round of lockstep forward/backward ------------------------------------------------
     def begin_round(self, ranks: list[int], index: int | None) -> None:
         """Every train device's micro-batch index of this round (a small all-gather), then the
-        hooks gather, free and send."""
+        hooks gather, free and send (`take` is the trainer's gradient consumer)."""
         self.shard_over(ranks)
         mine = torch.tensor([-1.0 if index is None else float(index)], device=self.device)
         pieces = [torch.empty_like(mine) for _ in self.ranks]
         dist.all_gather(pieces, mine, group=self.group)
         self.leaves = [int(p.item()) for p in pieces]
         self._active = True
-        self.trainer.grad_sink = self._sink
 
     def end_round(self) -> None:
         """Free whatever the backward left gathered (a tied weight's second use); the same on every
         device, as every device ran the same modules."""
         self._release(range(len(self.params)))
         self._active = False
-        self.trainer.grad_sink = None
-
-    def stand_in(self, pad_id: int) -> list[Sample]:
-        """The one-token sample a device with no micro-batch in a round trains on (dropped)."""
-        return [Sample((0, 0, 0), (pad_id,), (pad_id,), (0.0,), "length", 0, 0.0, 0.0, 1)]
 
     def summed(self, m: int, first: int, end: int) -> list[torch.Tensor]:
         """This owner's parameters [first, end): each one's gradient summed over the mini-batch's m
@@ -263,7 +259,7 @@ class ParameterShards:
         in (the bits of the q/k/v projections' input gradient)."""
         if not self._active:
             return
-        if self.trainer.in_backward:  # gradient checkpointing's recompute: the backward needs them next
+        if self._in_backward:  # gradient checkpointing's recompute: the backward needs them next
             return
         self._release(ids)
         if torch.is_tensor(out) and out.requires_grad:
@@ -281,7 +277,14 @@ class ParameterShards:
                 if not self.owns(i):
                     _free(self.params[i])
 
-    def _sink(self, i: int, grad: torch.Tensor) -> None:
+    # ---- the trainer's gradient consumer during a round -------------------------------------
+    def begin_backward(self) -> None:
+        self._in_backward = True
+
+    def end_backward(self) -> None:
+        self._in_backward = False
+
+    def take(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient of this round's micro-batch, to its owner (fp32, the reduction's
         dtype), point to point; the owner takes each device's in group order and folds it in at
         once (one arriving gradient held at a time, not W), keeping the real micro-batches' and
