@@ -45,16 +45,26 @@ def batch_scaled_advantages(groups: Sequence[Sequence[float]], eps: float = STD_
     Hu et al. 2025 argue a batch std is the more robust scale). The rewards themselves are scaled,
     not the centred values (REINFORCE++'s choice): a batch whose groups sit at different levels has
     a larger std here."""
+    centred = _group_centred(groups)
+    _, std = _mean_and_std([r for rewards in groups for r in rewards])
+    return [[c / (std + eps) for c in group] for group in centred]
+
+
+def _group_centred(groups: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Each reward minus its group's mean (a group needs >= 2 rewards)."""
     centred = []
     for rewards in groups:
         if len(rewards) < 2:
             raise ValueError(f"a prompt group needs group_size >= 2 rewards, got {len(rewards)}")
         mean = math.fsum(rewards) / len(rewards)
         centred.append([r - mean for r in rewards])
-    flat = [r for rewards in groups for r in rewards]
-    mean = math.fsum(flat) / len(flat)
-    std = math.sqrt(math.fsum((r - mean) ** 2 for r in flat) / (len(flat) - 1))
-    return [[c / (std + eps) for c in group] for group in centred]
+    return centred
+
+
+def _mean_and_std(values: Sequence[float]) -> tuple[float, float]:
+    """The mean and the unbiased std of `values` (exactly summed: math.fsum)."""
+    mean = math.fsum(values) / len(values)
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
 
 
 def rloo_advantages(rewards: Sequence[float]) -> list[float]:
@@ -72,15 +82,8 @@ def reinforce_pp_advantages(groups: Sequence[Sequence[float]], eps: float = STD_
     `reinforce_plus_plus_baseline`): each reward minus its group's mean, then the centred values of
     the whole batch (every group given) divided by their std (unbiased) after subtracting their
     mean. Outcome rewards only: no per-token KL in the reward (Poise's KL is a loss term)."""
-    centred = []
-    for rewards in groups:
-        if len(rewards) < 2:
-            raise ValueError(f"a prompt group needs group_size >= 2 rewards, got {len(rewards)}")
-        mean = math.fsum(rewards) / len(rewards)
-        centred.append([r - mean for r in rewards])
-    flat = [c for group in centred for c in group]
-    mean = math.fsum(flat) / len(flat)
-    std = math.sqrt(math.fsum((c - mean) ** 2 for c in flat) / (len(flat) - 1))
+    centred = _group_centred(groups)
+    mean, std = _mean_and_std([c for group in centred for c in group])
     return [[(c - mean) / (std + eps) for c in group] for group in centred]
 
 

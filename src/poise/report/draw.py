@@ -136,10 +136,7 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
         ax.plot(xs, [s.get("train_s") for s in steps], lw=0.8, alpha=0.7, label="train")
     for r in resize_steps:
         ax.axvline(r, color=ROLE_COLORS["resize"], lw=0.8, ls="--")
-    ax.set_xlabel("step")
-    ax.set_ylabel("seconds")
-    ax.set_title("Step time (dashed: resizes)")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    _step_axes(ax, "seconds", "Step time (dashed: resizes)")
     _legend_outside(ax)
     paths["step_time"] = _save(fig, out / "step_time.png")
 
@@ -148,10 +145,7 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
     # steps on x, as the other figures (the timeline has the seconds)
     ax.step(xs, [sp[0] for sp in splits], where="mid", label="rollout devices", color=ROLE_COLORS["rollout"])
     ax.step(xs, [sp[1] for sp in splits], where="mid", label="train devices", color=ROLE_COLORS["train"])
-    ax.set_xlabel("step")
-    ax.set_ylabel("devices")
-    ax.set_title("Split per step")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    _step_axes(ax, "devices", "Split per step")
     ax.yaxis.get_major_locator().set_params(integer=True)
     _legend_outside(ax)
     paths["split"] = _save(fig, out / "split.png")
@@ -172,6 +166,14 @@ def draw_series(events: list[dict], metrics: list[dict], out: Path) -> dict[str,
 
 
 BAND = (10.0, 90.0)  # the percentile band drawn around the response length's mean
+
+
+def _step_axes(ax, ylabel: str, title: str) -> None:
+    """Label a per-step plot: steps (whole numbers) along x, `ylabel` up, `title` above."""
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.xaxis.get_major_locator().set_params(integer=True)
 
 
 def _legend_outside(ax) -> None:
@@ -257,10 +259,7 @@ def draw_learning(events: list[dict], metrics: list[dict], out: Path) -> dict[st
         if curve["low"]:
             ax.fill_between(curve["step"], curve["low"], curve["high"], color=color, alpha=0.25, lw=0,
                             label=band_label)
-        ax.set_xlabel("step")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{ylabel.capitalize()} per step")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        _step_axes(ax, ylabel, f"{ylabel.capitalize()} per step")
         _legend_outside(ax)
         paths[name] = _save(fig, out / f"{name}.png")
     return paths

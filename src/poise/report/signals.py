@@ -33,7 +33,7 @@ def reward_functions(metrics: list[dict]) -> list[str]:
 
 
 def draw_signals(metrics: list[dict], out: Path) -> dict[str, Path]:
-    from poise.report.draw import _legend_outside, _plt, _save
+    from poise.report.draw import _legend_outside, _plt, _save, _step_axes
 
     plt = _plt()
     paths: dict[str, Path] = {}
@@ -56,10 +56,7 @@ def draw_signals(metrics: list[dict], out: Path) -> dict[str, Path]:
         for name in names:
             steps, values = series(metrics, name)
             ax.plot(steps, values, lw=1.3, marker="o" if len(steps) < 20 else None, ms=3, label=name[len("reward/"):])
-        ax.set_xlabel("step")
-        ax.set_ylabel("mean reward")
-        ax.set_title("Reward per function (mean over the step's samples)")
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        _step_axes(ax, "mean reward", "Reward per function (mean over the step's samples)")
         _legend_outside(ax)
         paths["reward_functions"] = _save(fig, out / "reward_functions.png")
     return paths
