@@ -1,5 +1,5 @@
 import sys
 
-from poise.cli import main
+from poise.cli import program
 
-sys.exit(main())
+sys.exit(program())

@@ -19,11 +19,13 @@ SIGTERM handler (sys.exit(15)), so `graceful` installs ours again after Ray has 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -129,3 +131,34 @@ def graceful(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         _state.armed = False
+
+
+class _Teardown:
+    """Ctrl-C once the command has returned, while the exit handlers (Ray's shutdown, the reward
+    sandbox's) still run: counted, not raised, so the teardown finishes and nothing stays running;
+    the process then exits 130. Dying by the signal there instead gave exit status -2 mid-teardown."""
+
+    interrupts = 0
+
+    @classmethod
+    def count(cls, signum: int, frame) -> None:  # noqa: ARG003 - signal.signal's signature
+        cls.interrupts += 1
+        if cls.interrupts > 1:  # a second Ctrl-C: stop now, as during a run
+            os._exit(130)
+
+    @classmethod
+    def exit_if_interrupted(cls) -> None:
+        if cls.interrupts:
+            print("poise: interrupted", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+
+
+def command(run: Callable[[], int]) -> int:
+    """Run the `poise` program's command (not for in-process callers: it owns SIGINT at exit). Its
+    exit handler is registered before any the command registers, so it runs after them."""
+    atexit.register(_Teardown.exit_if_interrupted)
+    code = run()
+    signal.signal(signal.SIGINT, _Teardown.count)
+    return code

@@ -68,5 +68,11 @@ def _run(name: str, argv: list[str]) -> int:
         return e.exit_code
 
 
+def program() -> int:
+    """The `poise` executable (and `python -m poise`): `main`, and a Ctrl-C during the exit that
+    follows it still ends in exit 130 after the teardown (poise/interrupt.py `command`)."""
+    return interrupt.command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(program())
