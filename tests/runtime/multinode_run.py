@@ -25,7 +25,8 @@ def main(run_dir: str, *warm_start: str) -> None:
     from ray.cluster_utils import Cluster
 
     from poise.runtime.driver import train_disaggregated
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]  # fault_runs, and the tests' fault_injection it imports
     from fault_runs import STEPS, TINY
 
     from poise.config import load_train_config
