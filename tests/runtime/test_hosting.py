@@ -50,7 +50,7 @@ def test_a_device_runs_its_calls_in_submission_order_and_apart_from_its_host_mat
         time.sleep(seconds)
         return value
 
-    slow = first.restore_version.remote(later.remote(5, 1.0))  # Ray resolves the argument before the call
+    slow = first.restore_version.remote(later.remote(5, 3.0))  # Ray resolves the argument before the call (3 s: a loaded machine)
     fast = first.restore_version.remote(7)  # ready at once, but submitted after
     mate = second.restore_version.remote(3)
     done, _ = ray.wait([slow, fast, mate], num_returns=1, timeout=30)
