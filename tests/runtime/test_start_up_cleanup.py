@@ -11,7 +11,7 @@ import pytest
 
 from poise.config import load_train_config
 from poise.errors import PoiseError
-from poise.runtime import driver as driver_module
+from poise.runtime import runtime as runtime_module  # Runtime.start: where the actors start
 from poise.runtime.driver import train_disaggregated
 
 from run_shapes import tiny_job
@@ -56,7 +56,7 @@ def test_a_runtime_that_fails_while_it_starts_releases_everything(ray_session, t
     device dies building its model)."""
     ray = ray_session
     started: list = []
-    real_start = driver_module.start_devices
+    real_start = runtime_module.start_devices
 
     def recorded_start(*args, **kwargs):
         started.extend(real_start(*args, **kwargs))
@@ -65,8 +65,8 @@ def test_a_runtime_that_fails_while_it_starts_releases_everything(ray_session, t
     def fail(*args, **kwargs):
         raise RuntimeError("injected start-up failure")
 
-    monkeypatch.setattr(driver_module, "start_devices", recorded_start)
-    monkeypatch.setattr(driver_module, "prewarm_rank_sets", fail)  # right after the actors start
+    monkeypatch.setattr(runtime_module, "start_devices", recorded_start)
+    monkeypatch.setattr(runtime_module, "prewarm_rank_sets", fail)  # right after the actors start
     children = _children()
     with pytest.raises(RuntimeError, match="injected start-up failure"):
         train_disaggregated(_cfg(tmp_path))
