@@ -5,7 +5,7 @@ Torch-free: the row is built from the step's samples, rewards and the trainer's 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from poise.data.tasks import Problem
 from poise.policy.cost import percentile
@@ -34,3 +34,27 @@ def step_metrics(step: int, samples: Sequence[Sample], rewards: dict[SampleId, f
         "weights_version": samples[0].weights_version,
         **stats,
     }
+
+
+def token_versions(sample: Sample) -> tuple[int, ...]:
+    """The weights version that sampled each token of `sample` (types.Sample.token_versions; None
+    spells weights_version for every token)."""
+    if sample.token_versions is None:
+        return (sample.weights_version,) * len(sample.token_ids)
+    return sample.token_versions
+
+
+def staleness_histogram(token_versions_per_sample: Iterable[tuple[int, ...]], trained_version: int) -> dict[str, float]:
+    """`partial/staleness_<lag>`: how many tokens of a step were sampled `lag` = trained_version -
+    their version updates before the weights the step trains (0: on-policy), one key per lag that
+    occurs, in lag order. `token_versions_per_sample`: each sample's per-token versions
+    (`token_versions`). A token newer than `trained_version` is a bug upstream: ValueError."""
+    counts: dict[int, int] = {}
+    for versions in token_versions_per_sample:
+        for version in versions:
+            lag = trained_version - version
+            if lag < 0:
+                raise ValueError(f"a token of weights version {version} is newer than the trained version "
+                                 f"{trained_version}")
+            counts[lag] = counts.get(lag, 0) + 1
+    return {f"partial/staleness_{lag}": float(counts[lag]) for lag in sorted(counts)}

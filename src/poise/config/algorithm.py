@@ -44,6 +44,14 @@ LOSS_PRESETS: dict[str, dict[str, float | str]] = {
 }
 
 
+# The band [rollout_is_low, rollout_is_high] each masking correction keeps where the config leaves it null.
+CORRECTION_BANDS: dict[str, tuple[float, float]] = {
+    "sequence_mask": (0.5, 2.0),  # verl's rollout_rs sequence: threshold 2.0, lower bound its reciprocal
+    "geometric_reject": (0.999, 1.001),  # verl's rollout_rs geometric preset (decoupled_geo_rs)
+    "icepop": (0.5, 5.0),  # IcePop's alpha and beta (Ring-1T)
+}
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
     name: Literal["grpo"] = help_field("grpo", "RL algorithm")
@@ -120,13 +128,23 @@ class AlgorithmConfig:
                    "mode the samples come from the weights one update older: recompute makes the trainer's "
                    "current weights the proximal policy (decoupled PPO, as AReaL and verl) and rollout_is "
                    "corrects behaviour -> proximal")
-    rollout_is: Literal["none", "token", "sequence"] = help_field(
-        "none", "truncated importance sampling of the rollout/trainer mismatch (TIS, Yao et al. 2025; verl's "
-                "rollout_is): each token's clipped surrogate (not the KL or entropy terms) times a weight "
-                "without gradient. token: min(exp(old - rollout logp), rollout_is_cap) per token; sequence: "
-                "min(exp(sum over the response of (old - rollout logp)), rollout_is_cap) for all its tokens. "
-                "Needs old_logprobs recompute")
-    rollout_is_cap: float = help_field(2.0, "the largest rollout_is weight (truncation); must be >= 1")
+    rollout_is: Literal["none", "token", "sequence", "sequence_mask", "geometric_reject", "icepop"] = help_field(
+        "none", "off-policy correction of the rollout (behaviour) policy towards the proximal one, rho = exp(old - "
+                "rollout logp) per token: each token's clipped surrogate (not the KL or entropy terms) times a "
+                "weight without gradient (docs/corrections.md). token: min(rho, rollout_is_cap) (TIS, Yao et al. "
+                "2025; verl's rollout_is); sequence: min(prod over the response of rho, rollout_is_cap) for all its "
+                "tokens; sequence_mask: 1, or 0 for the whole response where prod rho is outside [rollout_is_low, "
+                "rollout_is_high]; geometric_reject: the same with the geometric mean exp(mean(old - rollout logp)); "
+                "icepop: rho, or 0 where the token's rho is outside [rollout_is_low, rollout_is_high] (IcePop). "
+                "Masked tokens stay in the loss normaliser. Needs old_logprobs recompute")
+    rollout_is_cap: float = help_field(2.0, "the largest rollout_is weight of token and sequence (truncation); must "
+                                            "be >= 1")
+    rollout_is_low: float | None = help_field(
+        None, "the lowest ratio sequence_mask, geometric_reject and icepop keep (in (0, 1]); null = the preset's: "
+              "sequence_mask 0.5, geometric_reject 0.999, icepop 0.5")
+    rollout_is_high: float | None = help_field(
+        None, "the highest ratio sequence_mask, geometric_reject and icepop keep (>= 1); null = the preset's: "
+              "sequence_mask 2.0, geometric_reject 1.001, icepop 5.0")
     gradient_checkpointing: bool = help_field(False, "recompute each decoder layer's activations in the backward "
                                                      "pass instead of keeping them (less memory, ~1/3 more "
                                                      "compute; the same bits)")
@@ -162,6 +180,25 @@ class AlgorithmConfig:
               "it, or rollout_is=none")
         check(self.rollout_is_cap >= 1 and math.isfinite(self.rollout_is_cap), "rollout_is_cap",
               self.rollout_is_cap, "must be >= 1 (a finite truncation), e.g. 2.0")
+        self._resolve_correction_band()
+
+    def _resolve_correction_band(self) -> None:
+        """Fill rollout_is_low / _high left null from the masking preset (verl's rollout_rs sequence
+        2.0 with the reciprocal below, verl's geometric 1.001 / 0.999, IcePop's [0.5, 5]); a preset
+        without a band takes neither."""
+        band = CORRECTION_BANDS.get(self.rollout_is)
+        if band is None:
+            for key in ("rollout_is_low", "rollout_is_high"):
+                check(getattr(self, key) is None, key, getattr(self, key),
+                      f"applies to rollout_is {', '.join(CORRECTION_BANDS)} only, not {self.rollout_is}; drop it")
+            return
+        low = band[0] if self.rollout_is_low is None else self.rollout_is_low
+        high = band[1] if self.rollout_is_high is None else self.rollout_is_high
+        check(0 < low <= 1, "rollout_is_low", low, f"must be in (0, 1], e.g. {band[0]} for {self.rollout_is}")
+        check(1 <= high and math.isfinite(high), "rollout_is_high", high,
+              f"must be >= 1 and finite, e.g. {band[1]} for {self.rollout_is}")
+        object.__setattr__(self, "rollout_is_low", float(low))
+        object.__setattr__(self, "rollout_is_high", float(high))
 
     def _resolve_loss_preset(self) -> None:
         """Fill each loss knob left null from the `loss` preset (a knob set explicitly wins), so the

@@ -49,7 +49,11 @@ def histogram_quantile(hist: Sequence[int], q: float) -> float:
     total = sum(hist)
     if total == 0:
         return 0.0
-    rank = max(1, math.ceil(q * total))
+    return _value_of_rank(hist, max(1, math.ceil(q * total)))
+
+
+def _value_of_rank(hist: Sequence[int], rank: int) -> float:
+    """The value of the bin holding the rank-th smallest (1-based) of the values counted in `hist`."""
     seen = 0
     for index, count in enumerate(hist):
         seen += count
@@ -70,6 +74,10 @@ class MismatchStats:
     is_tokens: int = 0  # response tokens weighted by the truncated importance-sampling correction
     is_weight_sum: float | None = None  # their weights' sum (after truncation)
     is_truncated: int = 0  # of those tokens, the ones whose weight the cap cut
+    is_masked: int = 0  # of those tokens, the ones the correction masked out of the surrogate (weight 0)
+    is_zero: int = 0  # of those tokens, the ones of weight 0 (masked, or an underflow), which have no log
+    is_weight_max: float = 0.0  # the largest of their weights
+    is_hist: tuple[int, ...] = ()  # LOG_RATIO_BINS counts of log(weight) of the others (weight > 0)
 
 
 def mismatch_metrics(parts: Sequence[MismatchStats]) -> dict[str, float]:
@@ -81,10 +89,7 @@ def mismatch_metrics(parts: Sequence[MismatchStats]) -> dict[str, float]:
     out: dict[str, float] = {}
     tokens = sum(p.tokens for p in parts)
     if tokens:
-        hist = [0] * LOG_RATIO_BINS
-        for p in parts:
-            for i, count in enumerate(p.hist):
-                hist[i] += count
+        hist = _merged([p.hist for p in parts])
         out["mismatch/logp_abs_diff_mean"] = sum(p.abs_sum for p in parts) / tokens
         out["mismatch/logp_abs_diff_max"] = max(p.abs_max for p in parts)
         for q in (5, 50, 95):
@@ -97,5 +102,35 @@ def mismatch_metrics(parts: Sequence[MismatchStats]) -> dict[str, float]:
     return out
 
 
+def _merged(hists: Sequence[tuple[int, ...]]) -> list[int]:
+    total = [0] * LOG_RATIO_BINS
+    for hist in hists:
+        for i, count in enumerate(hist):
+            total[i] += count
+    return total
+
+
+def correction_metrics(parts: Sequence[MismatchStats]) -> dict[str, float]:
+    """A step's `correction/...` metrics from its micro-batches' MismatchStats (index order), with a
+    rollout_is correction: the 5th/50th/95th percentile and the largest of the per-token weights over
+    every trained token of the step, and the shares of those tokens the cap truncated and the preset
+    masked. Quantiles come off the merged fixed-grid histogram of log(weight) with the zero weights
+    counted below it (a quantile among them is 0): exact counts that add up over micro-batches and
+    devices in any order, each quantile within its bin's resolution (module docstring)."""
+    weighted = [p for p in parts if p.is_weight_sum is not None]
+    tokens = sum(p.is_tokens for p in weighted)
+    if not tokens:
+        return {}
+    hist, zeros = _merged([p.is_hist for p in weighted]), sum(p.is_zero for p in weighted)
+    out = {}
+    for q in (5, 50, 95):
+        rank = max(1, math.ceil(q / 100 * tokens))
+        out[f"correction/is_weight_p{q:02d}"] = 0.0 if rank <= zeros else math.exp(_value_of_rank(hist, rank - zeros))
+    out["correction/is_weight_max"] = max(p.is_weight_max for p in weighted)
+    out["correction/truncated_frac"] = sum(p.is_truncated for p in weighted) / tokens
+    out["correction/masked_frac"] = sum(p.is_masked for p in weighted) / tokens
+    return out
+
+
 __all__ = ["LOG_RATIO_BINS", "MAGNITUDE_EDGES", "ZERO_BIN", "MismatchStats", "bin_value", "histogram_quantile",
-           "mismatch_metrics"]
+           "correction_metrics", "mismatch_metrics"]

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from poise.errors import ConfigError
-from poise.policy.mismatch import MismatchStats, mismatch_metrics
+from poise.policy.mismatch import MismatchStats, correction_metrics, mismatch_metrics
 from poise.policy.pipeline import weights_version as _weights_version
 
 SampleId = tuple[int, int, int]  # (step, prompt_index, sample_index)
@@ -197,7 +197,8 @@ class MicroStats:
 def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict[str, float]:
     """A step's training statistics: the loss over the step's normaliser, the mean gradient norm of
     its updates (before clipping), the clipped share of response tokens and of responses, the mean KL and policy
-    entropy per response token, and the rollout/trainer mismatch (`mismatch/...`, policy/mismatch.py).
+    entropy per response token, the rollout/trainer mismatch (`mismatch/...`, policy/mismatch.py) and the
+    off-policy correction's weights (`correction/...`).
     `micro` in micro-batch index order (mini-batch by mini-batch), so the sums are the same
     whoever computes them."""
     tokens = max(1, sum(m.tokens for m in micro))
@@ -210,6 +211,7 @@ def step_stats(micro: Sequence[MicroStats], grad_norms: Sequence[float]) -> dict
         "kl": sum(m.kl_sum for m in micro) / tokens,
         "entropy": sum(m.entropy_sum for m in micro) / tokens,
         **mismatch_metrics([m.mismatch for m in micro]),
+        **correction_metrics([m.mismatch for m in micro]),
     }
 
 

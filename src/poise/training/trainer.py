@@ -23,7 +23,8 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch.optim.adam import adam
 
-from poise.algo.losses import policy_loss, rollout_is_weights, token_entropy
+from poise.algo.corrections import Correction, correction_weights
+from poise.algo.losses import policy_loss, token_entropy
 from poise.config import AlgorithmConfig
 from poise.policy.mismatch import LOG_RATIO_BINS, MAGNITUDE_BINS, MAGNITUDE_EDGES, ZERO_BIN, MismatchStats
 from poise.policy.plan import MicroStats, loss_normaliser, mini_of_prompt, pack_rows, plan_step, step_stats
@@ -210,21 +211,27 @@ def _trained(flat: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     return flat if bool(on.all()) else flat[on.to(flat.device)]
 
 
-def mismatch_stats(log_ratio: torch.Tensor | None, is_weights: torch.Tensor | None, truncated: torch.Tensor | None,
-                   mask: torch.Tensor) -> MismatchStats:
+def mismatch_stats(log_ratio: torch.Tensor | None, correction: Correction | None, mask: torch.Tensor) -> MismatchStats:
     """One micro-batch's MismatchStats (policy/mismatch.py). log_ratio: [N] trainer logp at the
     step-start weights minus rollout logp of its response tokens, or None outside the step's first
-    mini-batch; is_weights, truncated: [B, T] from `rollout_is_weights`, or None; mask: [B, T]."""
+    mini-batch; correction: the rollout_is preset's ([B, T] fields, algo/corrections.py), or None;
+    mask: [B, T]."""
     measured = {}
     if log_ratio is not None and log_ratio.numel():
         magnitude = log_ratio.double().abs()
         measured = {"tokens": log_ratio.numel(), "abs_sum": float(magnitude.sum()), "abs_max": float(magnitude.max()),
                     "hist": log_ratio_histogram(log_ratio)}
-    if is_weights is None or truncated is None:
+    if correction is None:
         return MismatchStats(**measured)
     on = mask.bool()
-    return MismatchStats(**measured, is_tokens=int(on.sum()), is_weight_sum=float(is_weights.double()[on].sum()),
-                         is_truncated=int((truncated & on).sum()))
+    weights = correction.weights.detach()[on]
+    positive = weights > 0
+    # a weight of 0 (masked) has no log: counted apart, below every bin of the log-weight histogram
+    return MismatchStats(**measured, is_tokens=int(on.sum()), is_weight_sum=float(weights.double().sum()),
+                         is_truncated=int((correction.truncated & on).sum()),
+                         is_masked=int((correction.masked & on).sum()), is_zero=int((~positive).sum()),
+                         is_weight_max=float(weights.max()) if weights.numel() else 0.0,
+                         is_hist=log_ratio_histogram(torch.log(weights[positive].double())))
 
 
 class PolicyTrainer:
@@ -360,15 +367,17 @@ class PolicyTrainer:
                                    "this device took the step's first update (no step-start weights here)")
             with torch.no_grad():
                 old = unflatten(packed_logprobs(self._step_start, batch, temperature), batch)
-        is_weights = truncated = None
+        correction = None
         if c.rollout_is != "none":
-            is_weights, truncated = rollout_is_weights(old, behaviour, mask, c.rollout_is, c.rollout_is_cap)
+            correction = correction_weights(old, behaviour, mask, c.rollout_is, cap=c.rollout_is_cap,
+                                            low=c.rollout_is_low, high=c.rollout_is_high)
         loss = policy_loss(logp, old, advantages, mask, clip_eps_low=c.clip_eps_low, clip_eps_high=c.clip_eps_high,
                            ratio_level=c.ratio_level, agg=c.loss_agg, max_response=c.sampling.max_new_tokens,
                            kl_coef=c.kl_coef, kl_estimator=c.kl_estimator, ref_logprobs=ref,
-                           entropy_coef=c.entropy_coef, entropy=entropy, is_weights=is_weights)
+                           entropy_coef=c.entropy_coef, entropy=entropy,
+                           is_weights=None if correction is None else correction.weights)
         mismatch = mismatch_stats(_trained(flat_logp.detach() - batch.old_logprobs.to(device), batch) if first else None,
-                                  is_weights, truncated, mask)
+                                  correction, mask)
         # a parameter without gradient: 0 (consumed, none is made: its owner sums what arrives)
         flat = torch.zeros(0 if consumer is not None else self.numel, dtype=torch.float32, device=device)
         for p in self.params:
