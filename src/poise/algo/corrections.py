@@ -58,6 +58,7 @@ def correction_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Ten
     """
     if preset in ROLLOUT_IS_LEVELS:
         weights, truncated = rollout_is_weights(old_logprobs, behaviour_logprobs, mask, preset, cap)
+        truncated = truncated & (mask > 0)  # a sequence weight's flag is on its padding too
         return Correction(weights, truncated, torch.zeros_like(truncated))
     if preset not in MASKING_PRESETS:
         raise ValueError(f"rollout_is must be one of none, {', '.join(CORRECTION_PRESETS)}, got {preset!r}")
