@@ -28,7 +28,7 @@ README = (ROOT / "README.md").read_text()
 # show fragments: a section of a config, a call inside a function)
 PAGES = {"README.md": README, **{f"docs/{name}.md": (ROOT / "docs" / f"{name}.md").read_text() for name in (
     "installing", "configuration", "losses", "data-and-rewards", "environments", "training", "resizing", "faults",
-    "vllm", "gpus", "simulator", "benchmark-scripts", "limitations")}}
+    "vllm", "gpus", "simulator", "benchmark-scripts", "limitations", "corrections")}}
 QUICKSTART = "# my-run.yaml"  # the quickstart's config: its commands run in test_the_quickstart_runs
 
 
