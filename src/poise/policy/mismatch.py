@@ -13,6 +13,10 @@ d = trainer logp - rollout logp of each token goes into one of `LOG_RATIO_BINS` 
 (the zero bin, reported as d = 0), or |d| in one of 100 log-spaced magnitude bins per sign, 10 per
 decade from 1e-9 to 10 (|d| >= 10 counts in the top bin). A quantile is reported as its bin's
 geometric centre: within a factor 10**0.05 (about 12%) of the true |d| in [1e-9, 10).
+
+With an off-policy correction (algorithm.rollout_is) each micro-batch also counts the log of its
+tokens' weights on the same grid, with the zero weights (masked tokens) counted apart below it:
+`correction_metrics` reads the step's weight quantiles off the merged counts.
 """
 
 from __future__ import annotations
