@@ -32,3 +32,12 @@ def test_none_means_every_token_has_the_samples_version():
 def test_a_token_newer_than_the_trained_weights_is_refused():
     with pytest.raises(ValueError, match="weights version 6 is newer than the trained version 5"):
         staleness_histogram([(5, 6)], trained_version=5)
+
+
+def test_token_versions_survive_an_async_checkpoints_sample_file(tmp_path):
+    from poise.training.checkpoint import decode_samples, encode_samples
+
+    samples = [_sample(3, 5), _sample(2, 5, (4, 5))]
+    path = tmp_path / "samples.jsonl"
+    path.write_bytes(encode_samples(samples, {}))
+    assert [s for s, _ in decode_samples(path)] == samples
