@@ -9,7 +9,8 @@ KL estimator other than k3 with its reference model, the entropy bonus) and the 
 shaping), the old log-probs (recomputed by the trainer, over two updates a step) with truncated
 importance sampling whose cap bites. Runs start from the session's SFT warm start, so weights move every step (asserted),
 and are compared by every sample's tokens and logprobs, the bytes of model and optimizer after
-every step, and the rollout/trainer mismatch metrics (a histogram summed over micro-batches).
+every step, and the rollout/trainer mismatch and correction metrics (histograms summed over
+micro-batches).
 """
 
 import math
@@ -41,7 +42,7 @@ VARIANTS = {
 
 
 def _mismatch(run) -> list[dict]:
-    return [{k: v for k, v in r.items() if k.startswith("mismatch/")} for r in run.rows]
+    return [{k: v for k, v in r.items() if k.startswith(("mismatch/", "correction/"))} for r in run.rows]
 
 
 def _run(train, run_dir, warm_start, read_run, *extra):
@@ -72,6 +73,10 @@ def test_loss_variant_bitwise_equal_across_splits(ray_session, tmp_path, warm_st
         assert row["mismatch/ratio_p05"] <= row["mismatch/ratio_p50"] <= row["mismatch/ratio_p95"], row
     if "algorithm.rollout_is=token" in knobs:  # the correction ran, and its cap cut some weights
         assert any(row["mismatch/is_truncated_frac"] > 0 for row in _mismatch(ref)), _mismatch(ref)
+        for row in _mismatch(ref):  # the step's correction metrics, compared across splits below
+            assert row["correction/truncated_frac"] == row["mismatch/is_truncated_frac"], row
+            assert row["correction/masked_frac"] == 0.0 and row["correction/is_weight_max"] <= 1.0, row
+            assert row["correction/is_weight_p05"] <= row["correction/is_weight_p50"] <= 1.0, row
     for split in [(1, 3), (3, 1)]:
         got = _run(train_disaggregated, tmp_path / f"sync-{split[0]}-{split[1]}", warm_start, read_run,
                    "run.verify_sync=true", "pipeline.mode=sync", f"cluster.split=[{split[0]},{split[1]}]", *knobs)
