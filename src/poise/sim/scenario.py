@@ -111,6 +111,9 @@ class ScenarioConfig:
             check(what is None, "pipeline.partial_tokens", self.pipeline.partial_tokens,
                   f"partial rollouts with {what} are not simulated: set it 0, or use a parametric single-turn "
                   "workload without drop_rate")
+            check(self.pipeline.overprovision <= w.prompts_per_step, "pipeline.overprovision",
+                  self.pipeline.overprovision, f"must be <= workload.prompts_per_step ({w.prompts_per_step}): more "
+                  "complete groups than a step trains would wait past max_staleness")
             check(self.resize.inflight == "drain", "resize.inflight", self.resize.inflight,
                   "with partial rollouts a phase hands every sample back at its end: use drain")
         fleet = self.fleet()
