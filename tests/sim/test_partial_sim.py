@@ -118,11 +118,17 @@ def test_no_trained_token_lags_more_than_max_staleness(staleness: int, window: i
     assert trained == s.output_tokens and carried > 0
 
 
-def test_partial_rollouts_with_overprovisioning_pay_on_the_long_tail() -> None:
-    _, async1 = run(["pipeline.mode=async"])
-    _, stale2 = run(["pipeline.mode=async", "pipeline.partial_tokens=4096", "pipeline.max_staleness=2",
-                     "pipeline.overprovision=16"])
+@pytest.mark.parametrize("pool,window,overprovision", [
+    (["cluster.devices=16"], 4096, 16),  # the scenario's pool and batch caps (the allocator picks)
+    (["cluster.devices=8", "cluster.batch_cap=64", "cluster.batch_caps=[]"], 5120, 32),
+])
+def test_partial_rollouts_with_overprovisioning_pay_on_the_long_tail(pool: list[str], window: int,
+                                                                     overprovision: int) -> None:
+    _, async1 = run(pool + ["pipeline.mode=async"])
+    _, stale2 = run(pool + ["pipeline.mode=async", f"pipeline.partial_tokens={window}", "pipeline.max_staleness=2",
+                            f"pipeline.overprovision={overprovision}"])
     assert stale2.samples_per_s >= 1.3 * async1.samples_per_s
+    assert async1.initial_split == stale2.initial_split  # the same pool: the gain is the pipeline's
 
 
 def test_the_resize_controller_still_resizes_with_partial_rollouts() -> None:
