@@ -52,7 +52,7 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = []
     cap = [f"cluster.batch_cap={args.batch_cap}", "cluster.batch_caps=[]"] if args.batch_cap else []
-    print(f"{SCENARIO}, pipeline.mode=async, {args.steps} steps, batch cap {args.batch_cap or 'the allocator's'}")
+    print(f"{SCENARIO}, pipeline.mode=async, {args.steps} steps, batch cap {args.batch_cap or 'chosen by the allocator'}")
     print(f"{'devices':>7} {'split':>6} {'cap':>4} {'staleness':>9} {'window':>7} {'extra':>6} {'s/step':>7} "
           f"{'samples/s':>9} {'vs 1':>6} {'lag>=2':>7} {'emulated':>9}")
     for devices in args.devices:
