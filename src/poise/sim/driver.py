@@ -14,7 +14,8 @@ One step k, in every pipeline mode (docs/design.md invariant 4 fixes which weigh
              after the rollout ones, and each trains once its own generation is over. With
              workload.episode each sample is a multi-turn episode (policy/turns.py): its first
              turn as dispatched, later turns where the slot rule sends them after each
-             environment wait; it is done when its last environment call answers.
+             environment wait; it is done when its last environment call answers. With partial
+             rollouts (pipeline.partial_tokens) a phase of windows over a pool (sim/partial.py).
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: docs/design.md invariant 3), micro-batch j on its owner train device
