@@ -40,3 +40,11 @@ def test_bad_staleness_values_are_one_line_before_any_simulation(args, fragments
     r = poise("plan", "streamrl-pipeline", "--steps", "200000", *args)  # a simulation would take many minutes
     assert time.monotonic() - start < 60
     assert_one_line_error(r, *fragments)
+
+
+def test_simulate_prints_samples_per_second_and_staleness_with_partial_rollouts(tmp_path):
+    r = poise("simulate", "streamrl-pipeline", "steps=12", "pipeline.mode=async", "pipeline.max_staleness=2",
+              "pipeline.partial_tokens=4096", "pipeline.overprovision=16", f"--out={tmp_path}/run")
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stdout.splitlines() if "trained samples/s" in line)
+    assert "trained tokens by staleness (weights versions): 0 " in line and ", 2 " in line
