@@ -92,6 +92,21 @@ def test_more_windows_until_a_batch_is_complete() -> None:
     assert p.finish == [10.0, 1.0, 3.0, 3.0] and p.lags == {0: 17}
 
 
+def test_more_extra_groups_than_a_step_trains_would_wait_past_max_staleness() -> None:
+    """Why a scenario needs overprovision <= prompts_per_step: 1 prompt a step and 2 extra groups,
+    every sample 1 token. Each step trains one complete group; the others wait, and step 3 trains
+    step 1's group, made with version 0: lag 3 > max_staleness 2."""
+    source = Lengths({k: [[1]] for k in range(4)}, {(0, 1): [1], (0, 2): [1]})
+    pr = PartialRollouts(pipeline(4, 2, 2), source, prompts_per_step=1)
+    gen = OneTokenPerSecond()
+    phases = [pr.phase(k, max(k - 1, 0), float(k), gen) for k in range(4)]
+    assert [p.samples[0].prompt.prompt_id for p in phases] == ["s0-p0", "s0-p1", "s0-p2", "s1-p0"]
+    assert [p.lags for p in phases] == [{0: 1}, {1: 1}, {2: 1}, {3: 1}]
+    with pytest.raises(ConfigError, match="pipeline.overprovision"):
+        load_scenario("streamrl-pipeline", ["pipeline.mode=async", "pipeline.partial_tokens=64",
+                                            "pipeline.max_staleness=2", "pipeline.overprovision=65"])
+
+
 def run(overrides: list[str], scenario: str = "streamrl-pipeline"):
     sim = Simulation(load_scenario(scenario, QUIET + overrides))
     return sim, sim.run()
