@@ -6,6 +6,11 @@ allocator (StreamRL §4.2) prices every split; then the simulator runs the candi
 splits and the resize controller (live and hard) over `--steps` steps, so the answer accounts
 for long tails, phases and length growth, not just the first step.
 
+With `--staleness 0,1,2,4` it compares how stale a trained token may be instead: 0 the sync
+loop, 1 one-step-off async, >= 2 async with partial rollouts (pipeline.partial_tokens) and
+over-provisioning (pipeline.overprovision), each simulated with the windows and extra groups
+given (or a few drawn from the workload's lengths), in one table of samples/s and stale tokens.
+
 With `cluster.device_types` the device planner (`plan_devices`) picks each role's type and
 count within the budget; the simulator then runs its per-type split and the best single-type
 split of each type, and the report gives step time, $/h and throughput per dollar of each.
@@ -17,11 +22,12 @@ import argparse
 import json
 from typing import Sequence
 
-from poise.errors import PoiseError
+from poise.errors import ConfigError, PoiseError
 from poise.policy.allocator import allocate
+from poise.policy.cost import percentile
 from poise.policy.split import all_splits, parse_splits
 from poise.policy.turns import EpisodeWork
-from poise.sim import load_scenario, simulate
+from poise.sim import Summary, load_scenario, simulate
 from poise.sim.driver import Simulation, make_cost
 
 
@@ -31,14 +37,29 @@ def add_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps to simulate (default: the scenario's, at most 200)")
     parser.add_argument("--max-splits", type=int, default=16, help="simulate at most this many static splits "
                         "(the allocator's best ones)")
+    parser.add_argument("--staleness", default=None, metavar="LIST", help="compare max staleness values instead of "
+                        "splits, e.g. 0,1,2,4: 0 the sync loop, 1 one-step-off async, >= 2 async with partial rollouts")
+    parser.add_argument("--partial-tokens", default=None, metavar="LIST", help="windows (pipeline.partial_tokens) to "
+                        "try at staleness >= 2, e.g. 2048,4096 (default: the 75th and 95th percentile output length)")
+    parser.add_argument("--overprovision", default=None, metavar="LIST", help="extra prompt groups "
+                        "(pipeline.overprovision) to try at staleness >= 2 (default: a quarter and a half of "
+                        "workload.prompts_per_step)")
 
 
 def run(args: argparse.Namespace) -> int:
+    stalenesses = int_list("--staleness", args.staleness, 0)
+    windows = int_list("--partial-tokens", args.partial_tokens, 1)
+    extras = int_list("--overprovision", args.overprovision, 0)
+    if (windows or extras) and not stalenesses:
+        raise ConfigError("--partial-tokens/--overprovision", args.partial_tokens or args.overprovision,
+                          "apply to --staleness: give the staleness values to compare, e.g. --staleness 1,2")
     base = load_scenario(args.workload, args.overrides)
     steps = args.steps or min(base.steps, 200)
     if steps < 1:
         raise PoiseError(f"--steps {steps} must be >= 1")
     common = [f"steps={steps}", "log.samples=false", "log.intervals=none"]
+    if stalenesses:
+        return plan_staleness(args, steps, common, stalenesses, windows, extras)
     if base.cluster.device_types:
         return plan_device_types(args, steps, common)
     sc = load_scenario(args.workload, args.overrides + common + ["resize.policy=static"])
@@ -131,4 +152,72 @@ def plan_device_types(args: argparse.Namespace, steps: int, common: list[str]) -
         print(f"  {simulated['planner'] / others[label]:.2f}x the throughput per dollar of the best single-type "
               f"split ({label})")
     print("resizing: not planned with device types (a role keeps its type; resize.policy must be static)")
+    return 0
+
+
+def int_list(flag: str, text: str | None, low: int) -> list[int]:
+    """A comma-separated list of integers >= `low` (empty when the flag is not given)."""
+    if text is None:
+        return []
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < low:
+        raise ConfigError(flag, text, f"give comma-separated integers >= {low}, e.g. {low},{low + 1},{low + 2}")
+    return sorted(set(values))
+
+
+def staleness_knobs(s: int, window: int = 0, extra: int = 0) -> list[str]:
+    """The pipeline overrides of max staleness `s` (0: the sync loop; 1: one-step-off async)."""
+    return ["pipeline.mode=async", f"pipeline.max_staleness={s}", f"pipeline.partial_tokens={window if s >= 2 else 0}",
+            f"pipeline.overprovision={extra if s >= 2 else 0}"]
+
+
+def plan_staleness(args: argparse.Namespace, steps: int, common: list[str], stalenesses: list[int],
+                   windows: list[int], extras: list[int]) -> int:
+    """`poise plan --staleness`: every staleness (with each window and extra-group count at >= 2)
+    simulated on the scenario's split, the best of each in one table, and which pays."""
+    base = load_scenario(args.workload, args.overrides + common)
+    prompts = base.workload.prompts_per_step
+    if not windows:  # the long tail's scale: windows that cap the longest quarter and twentieth
+        lengths = [s.output_length for k in range(min(4, steps)) for s in Simulation(base).workload.step(k)]
+        windows = sorted({256 * -(-int(percentile(lengths, q)) // 256) for q in (0.75, 0.95)})
+    extras = extras or sorted({max(1, prompts // 4), max(1, prompts // 2)})
+    grid = {s: [(w, e) for w in windows for e in extras] if s >= 2 else [(0, 0)] for s in stalenesses}
+    # every scenario first: a bad value is one line before any simulation
+    scenarios = {(s, w, e): load_scenario(args.workload, args.overrides + common + staleness_knobs(s, w, e))
+                 for s, cells in grid.items() for w, e in cells}
+    print(f"plan for {base.name}: staleness {', '.join(map(str, stalenesses))}, {steps} steps, "
+          f"{base.cluster.devices} devices, {prompts} prompts a step (+ extra groups in flight)")
+    print(f"\n{'staleness':>9} {'window':>7} {'extra':>6} {'split':>6} {'s/step':>7} {'samples/s':>9} "
+          f"{'vs 1':>6} {'lag>=2':>7} {'mean lag':>8}")
+    best: dict[int, tuple[int, int, Summary]] = {}
+    for (s, w, e), sc in scenarios.items():
+        summary = simulate(sc)
+        if s not in best or summary.samples_per_s > best[s][2].samples_per_s:
+            best[s] = (w, e, summary)
+    ref = best[1][2] if 1 in best else best[stalenesses[0]][2]
+    for s in stalenesses:
+        w, e, r = best[s]
+        lags = r.tokens_by_lag
+        total = sum(lags.values())
+        stale = sum(n for lag, n in lags.items() if lag >= 2) / total
+        mean = sum(lag * n for lag, n in lags.items()) / total
+        split = ":".join(map(str, r.initial_split))
+        print(f"{s:>9} {w or '-':>7} {e:>6} {split:>6} "
+              f"{r.step_s_mean:>7.1f} {r.samples_per_s:>9.2f} {r.samples_per_s / ref.samples_per_s:>5.2f}x "
+              f"{stale:>7.0%} {mean:>8.2f}")
+    print()
+    for s in stalenesses:
+        w, e, r = best[s]
+        if s == 1 or r is ref:
+            continue
+        gain = r.samples_per_s / ref.samples_per_s - 1.0
+        how = f" (window {w} tokens, {e} extra groups)" if s >= 2 else ""
+        print(f"staleness {s} {'pays' if gain > 0.01 else 'does not pay'}: {gain:+.1%} samples/s vs "
+              f"{'staleness 1' if 1 in best else f'staleness {stalenesses[0]}'}{how}")
+    top = max(stalenesses, key=lambda s: best[s][2].samples_per_s)
+    print(f"most samples/s: staleness {top}; lag>=2 is the share of trained tokens made 2 or more weights "
+          "versions before the weights they train against")
     return 0

@@ -37,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
           f"step {s.step_s_mean:.1f} s mean / {s.step_s_median:.1f} s median")
     print(f"  rollout {s.rollout_s_mean:.1f} s/step   train {s.train_s_mean:.1f} s/step   idle "
           + ", ".join(f"{k} {v:.0%}" for k, v in s.idle_fraction.items()))
+    if sc.pipeline.partial:  # partial rollouts: what a trained sample costs in staleness
+        total = sum(s.tokens_by_lag.values())
+        print(f"  {s.samples_per_s:.2f} trained samples/s; trained tokens by staleness (weights versions): "
+              + ", ".join(f"{lag} {n / total:.0%}" for lag, n in s.tokens_by_lag.items()))
     for r in s.resizes:
         print(f"  resize at step {r['step']}: {r['from']} -> {r['to']} ({r['mode']}, "
               f"{r['critical_path_s']:.0f} s): {r['reason']}")

@@ -29,8 +29,45 @@ class PipelineConfig:
                                      "and step. Samples and update are the same, bit for bit. Not in async (every "
                                      "device is busy there)")
 
+    max_staleness: int | None = help_field(
+        None, "async only: how many weights versions a trained token may lag the weights it trains against. "
+              "null = 1 (one-step-off async); 0 runs the sync loop; >= 2 needs partial_tokens > 0")
+    partial_tokens: int = help_field(
+        0, "async only: partial rollouts. Each unfinished sample decodes at most this many tokens per step (a "
+           "window) and carries on under the next weights; one that would lag more than max_staleness runs to its "
+           "end. 0 = whole samples. Needs algorithm.old_logprobs=recompute")
+    overprovision: int = help_field(
+        0, "prompt groups kept in flight beyond algorithm.prompts_per_step: a step trains the first complete "
+           "ones and the rest carry on (needs partial_tokens > 0)")
+
+    def __post_init__(self) -> None:
+        s, async_ = self.max_staleness, self.mode == "async"
+        check(s is None or async_, "pipeline.max_staleness", s,
+              f"applies to pipeline.mode=async only (mode is {self.mode}): remove it")
+        check(s is None or s >= 0, "pipeline.max_staleness", s, "must be >= 0 (null = 1)")
+        check(self.partial_tokens >= 0, "pipeline.partial_tokens", self.partial_tokens, "must be >= 0 (0 = off)")
+        check(self.partial_tokens == 0 or async_, "pipeline.partial_tokens", self.partial_tokens,
+              f"partial rollouts need pipeline.mode=async (mode is {self.mode}): set it 0")
+        check(s is None or s < 2 or self.partial_tokens > 0, "pipeline.max_staleness", s,
+              "staleness >= 2 needs partial rollouts: set pipeline.partial_tokens > 0 (e.g. 1024)")
+        check(self.overprovision >= 0, "pipeline.overprovision", self.overprovision, "must be >= 0")
+        check(self.overprovision == 0 or self.partial_tokens > 0, "pipeline.overprovision", self.overprovision,
+              "needs partial rollouts: set pipeline.partial_tokens > 0, or overprovision 0")
+
+    @property
+    def staleness(self) -> int:
+        """The effective max_staleness: 1 unless given (0 only with max_staleness 0)."""
+        return 1 if self.max_staleness is None else self.max_staleness
+
+    @property
+    def partial(self) -> bool:
+        """Partial rollouts on: async with a window (max_staleness 0 runs the sync loop instead)."""
+        return self.partial_tokens > 0 and self.staleness >= 1
+
     @property
     def kind(self) -> str:
+        if self.max_staleness == 0:  # staleness 0 is the sync loop
+            return pipeline_kind("sync", self.streaming)
         return pipeline_kind(self.mode, self.streaming)
 
     @classmethod

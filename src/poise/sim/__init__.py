@@ -8,6 +8,7 @@ No torch, ray or asyncio; time is virtual.
   workload.py   parametric (lognormal/Pareto mixes, phases, growth) and trace workloads
   driver.py     Simulation(sc, run_dir).run() -> Summary; writes config.yaml, events.jsonl,
                 metrics.jsonl and summary.json through poise.runlog.RunLog
+  partial.py    partial rollouts and over-provisioning: a step's generation phase in windows
   pricing.py    make_cost(sc): the scenario's cost model (built-in or a `poise profile` file)
   summary.py    StepRecord, Summary, measured_break_even: what a simulated run reports
   scenarios/    built-in scenarios (YAML)

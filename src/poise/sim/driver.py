@@ -14,7 +14,8 @@ One step k, in every pipeline mode (docs/design.md invariant 4 fixes which weigh
              after the rollout ones, and each trains once its own generation is over. With
              workload.episode each sample is a multi-turn episode (policy/turns.py): its first
              turn as dispatched, later turns where the slot rule sends them after each
-             environment wait; it is done when its last environment call answers.
+             environment wait; it is done when its last environment call answers. With partial
+             rollouts (pipeline.partial_tokens) a phase of windows over a pool (sim/partial.py).
     train    by the step plan (policy.plan), as the runtime's trainer group does: canonical
              micro-batches of `cluster.micro_batch_size` samples by sample id (never by
              arrival: docs/design.md invariant 3), micro-batch j on its owner train device
@@ -55,6 +56,7 @@ from poise.policy.split import Split, parse_splits
 from poise.policy.turns import episode_times
 from poise.runlog import RunLog
 from poise.schema import dump
+from poise.sim.partial import PartialRollouts
 from poise.sim.pricing import make_cost
 from poise.sim.scenario import ScenarioConfig
 from poise.sim.summary import StepRecord, Summary, measured_break_even
@@ -125,6 +127,9 @@ class Simulation:
         self._lent_end: dict[int, float] = {}  # pipeline.assist: train device -> end of its generation
         self._partial: dict[int, tuple[int, int]] = {}  # sample -> (aborted on, tokens kept)
         self._role_time = {"rollout": 0.0, "train": 0.0}
+        self.partial = (PartialRollouts(sc.pipeline, self.workload, sc.workload.prompts_per_step)  # type: ignore[arg-type]
+                        if sc.pipeline.partial else None)
+        self.lags: dict[int, int] = {}  # trained output tokens by version lag (trained - generating version)
 
     # --- the driver loop ------------------------------------------------------------------
     def run(self) -> Summary:
@@ -157,8 +162,12 @@ class Simulation:
                 pending, resized = None, end - train_end[-1]
             gen_start = max(ready, gen_free)
             abort_at = train_end[-1] if pending is not None and sc.resize.inflight == "abort" else None
-            finish, instance_of, admitted = self.generate(k, samples, gen_start, abort_at)
-            gen_end = max(finish)
+            phase = self.partial.phase(k, version, gen_start, self.generate) if self.partial else None
+            if phase is not None:  # partial rollouts (sim/partial.py): the phase's windows and its batch
+                samples, finish, instance_of, gen_end = phase.samples, phase.finish, phase.instance, phase.end
+            else:
+                finish, instance_of, admitted = self.generate(k, samples, gen_start, abort_at)
+                gen_end = max(finish)
             gen_free = gen_end
             if pending is not None and abort_at is not None and gen_end > abort_at:
                 # async, abort: stop step k's generation at the decision, resize, and resume the
@@ -173,17 +182,19 @@ class Simulation:
                 gen_free = train_free = end
                 pending, resized = None, end - max(train_end[-1], gen_end)
             self.ranker.observe([Finished(s.prompt, s.output_length) for s in samples])
-            train_start, t_end, train_busy = self.train(*self.trained(samples, finish), gen_end, train_free,
-                                                        bg_ready)
+            batch = self.trained(samples, finish)
+            train_start, t_end, train_busy = self.train(*batch, gen_end, train_free, bg_ready)
+            for lag, n in (phase.lags if phase else {k - version: sum(s.output_length for s in batch[0])}).items():
+                self.lags[lag] = self.lags.get(lag, 0) + n
             train_free = t_end
             prev = train_end[-1] if train_end else 0.0
             train_end.append(t_end)
             rec = StepRecord(k, self.split, gen_start, gen_end, train_start, t_end, gen_end - gen_start,
                              train_busy, self.sync_s, t_end - prev,
-                             sum(s.output_length for s in samples), resized)
+                             sum(s.output_length for s in samples), resized, len(batch[0]))
             self.records.append(rec)
             self._account(rec)
-            self._log_step(rec, samples, finish, instance_of, version)
+            self._log_step(rec, samples, finish, instance_of, version, phase.metrics if phase else {})
             decision = self.maybe_resize(rec, samples)
             self.maybe_scale(rec)
             if decision is not None and decision.action == "resize":
@@ -525,7 +536,7 @@ class Simulation:
         self._role_time["train"] += rec.split.train * rec.step_s
 
     def _log_step(self, rec: StepRecord, samples: list[SimSample], finish: list[float],
-                  instance_of: list[int], version: int) -> None:
+                  instance_of: list[int], version: int, extra_metrics: dict[str, float]) -> None:
         lens = [s.output_length for s in samples]
         if self.sc.log.samples:
             for i, (s, f, inst) in enumerate(zip(samples, finish, instance_of)):
@@ -545,7 +556,7 @@ class Simulation:
             "response_len_max": max(lens), "step_s": rec.step_s,
             "phases": {"rollout": rec.rollout_s, "train": rec.train_s, "sync": rec.sync_s},
             "tokens_per_s": rec.tokens / rec.step_s if rec.step_s > 0 else None,
-            "split": rec.split.as_list(), "time_s": rec.train_end,
+            "split": rec.split.as_list(), "time_s": rec.train_end, **extra_metrics,
         })
 
     def summary(self, initial: Split) -> Summary:
@@ -562,6 +573,7 @@ class Simulation:
         s.joins = list(self.joins)
         s.device_s = self.sc.cluster.devices * total + sum(self.tp * (total - j["at_s"]) for j in self.joins)
         s.tokens_per_device_s = tokens / s.device_s
+        s.samples_per_s, s.tokens_by_lag = sum(r.samples for r in recs) / total, dict(sorted(self.lags.items()))
         if self.resizes:
             first = self.resizes[0]
             s.break_even_steps = first["break_even_steps"]

@@ -104,6 +104,18 @@ class ScenarioConfig:
               "needs pipeline.mode=sync (in async the rollout devices generate the next step); set it false")
         check(self.workload.episode is None or self.resize.inflight == "drain", "resize.inflight",
               self.resize.inflight, "aborting episodes mid-turn is not simulated yet: use drain with workload.episode")
+        if self.pipeline.partial:
+            w = self.workload
+            what = "a trace" if w.trace else "workload.drop_rate" if w.drop_rate else "workload.episode" \
+                if w.episode else None
+            check(what is None, "pipeline.partial_tokens", self.pipeline.partial_tokens,
+                  f"partial rollouts with {what} are not simulated: set it 0, or use a parametric single-turn "
+                  "workload without drop_rate")
+            check(self.pipeline.overprovision <= w.prompts_per_step, "pipeline.overprovision",
+                  self.pipeline.overprovision, f"must be <= workload.prompts_per_step ({w.prompts_per_step}): more "
+                  "complete groups than a step trains would wait past max_staleness")
+            check(self.resize.inflight == "drain", "resize.inflight", self.resize.inflight,
+                  "with partial rollouts a phase hands every sample back at its end: use drain")
         fleet = self.fleet()
         if fleet is not None:
             check(self.resize.policy == "static" and not self.resize.schedule and not self.scale.active,

@@ -26,6 +26,7 @@ class StepRecord:
     step_s: float
     tokens: int
     resize_s: float = 0.0
+    samples: int = 0  # samples the step trained
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Summary:
     joins: list[dict[str, Any]] = field(default_factory=list)  # elastic scale-out (scale:)
     device_s: float = 0.0  # device-seconds held: the pool for the whole run, a joined device from its join
     tokens_per_device_s: float = 0.0
+    samples_per_s: float = 0.0  # trained samples per second
+    tokens_by_lag: dict[int, int] = field(default_factory=dict)  # trained output tokens by staleness (versions)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

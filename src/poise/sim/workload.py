@@ -244,6 +244,19 @@ class ParametricWorkload:
                 out.append(SimSample((k, pi, si), prompt, plen, episode.model_tokens, drop, episode))
         return out
 
+    def extra_groups(self, k: int, indices: list[int]) -> list[SimSample]:
+        """Over-provisioned groups of step k (pipeline.overprovision): prompt index i >= prompts_per_step
+        draws its problem as dynamic sampling's extra draws do, each sample its own length noise."""
+        cfg, (phase, _) = self.cfg, self.phase_of(k)
+        pool, grow, out = self._pool(phase), 1.0 + cfg.growth_per_step * k, []
+        for pi in indices:
+            prompt, plen, mean, max_len = pool[random.Random(_seed("draw", self.seed, k, pi)).randrange(len(pool))]
+            rng = random.Random(_seed("extra", self.seed, k, pi))
+            for si in range(cfg.samples_per_prompt):
+                noise = rng.lognormvariate(0.0, cfg.sample_sigma) if cfg.sample_sigma else 1.0
+                out.append(SimSample((k, pi, si), prompt, plen, min(max_len, max(1, int(mean * grow * noise)))))
+        return out
+
     @property
     def steps_available(self) -> int | None:
         return None
