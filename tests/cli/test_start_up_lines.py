@@ -55,7 +55,7 @@ DISAGGREGATED = ["reward sandbox and Ray started", "devices placed (1 rollout, 1
 
 def test_without_a_terminal_a_few_short_lines_name_each_phase(tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run(train_argv(run_dir, "run.steps=2"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(train_argv(run_dir, "run.steps=1"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     _check_summary(done.stderr.splitlines(), DISAGGREGATED)
     _check_run_dir(run_dir)
@@ -65,7 +65,7 @@ def test_on_a_terminal_the_same_lines_come_before_the_bar(tmp_path):
     run_dir = tmp_path / "run"
     leader, follower = os.openpty()
     env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
-    proc = subprocess.Popen(train_argv(run_dir, "run.steps=2"), stdin=subprocess.DEVNULL, stdout=follower,
+    proc = subprocess.Popen(train_argv(run_dir, "run.steps=1"), stdin=subprocess.DEVNULL, stdout=follower,
                             stderr=follower, env=env)
     os.close(follower)
     chunks, deadline = [], time.monotonic() + 600
@@ -87,7 +87,7 @@ def test_on_a_terminal_the_same_lines_come_before_the_bar(tmp_path):
 
 def test_the_colocated_mode_says_the_same_without_ray(tmp_path):
     run_dir = tmp_path / "run"
-    done = subprocess.run(train_argv(run_dir, "run.steps=2", "pipeline.mode=colocated"), capture_output=True,
+    done = subprocess.run(train_argv(run_dir, "run.steps=1", "pipeline.mode=colocated"), capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     _check_summary(done.stderr.splitlines(), ["reward sandbox started, model loaded on cpu (colocated",

@@ -26,7 +26,7 @@ TINY = [
     "run.verify_sync=true",
 ]
 
-_done: dict = {}  # (name) -> RunRecord or the exception it raised, for the whole session
+_done: dict = {}  # (name) -> RunRecord (a crashed run: its directory) or the exception it raised, for the session
 
 
 def config(run_dir, warm_start, *extra):
@@ -57,6 +57,28 @@ def baseline(mode: str, tmp_path_factory, warm_start, read_run):
 
     return run_once(f"{mode}-straight", tmp_path_factory.getbasetemp(), warm_start, read_run, train_disaggregated,
                     f"pipeline.mode={mode}")
+
+
+def crashed(mode: str, root, warm_start, *extra):
+    """The 2+2 run of `mode` stopped by a crash as step 2's prompts are dispatched (`CrashAtStep`),
+    made once per session: its run directory, which a test copies before it resumes from it.
+    Sync stops after step 1's checkpoint; async, which dispatches step 2 during step 1, after step 0's."""
+    from poise.runtime.driver import train_disaggregated
+
+    name = "-".join([mode, *extra, "crashed"])
+    if name not in _done:
+        run_dir = root / name
+        cfg = config(run_dir, warm_start, f"pipeline.mode={mode}", *extra)
+        try:
+            train_disaggregated(cfg, dispatcher=CrashAtStep(cfg, 2))
+            _done[name] = AssertionError(f"{run_dir}: the run did not crash at step 2")
+        except RuntimeError as e:
+            _done[name] = run_dir if "simulated crash" in str(e) else e
+        except Exception as e:  # noqa: BLE001 - reported by every test that needs this run
+            _done[name] = e
+    if isinstance(_done[name], Exception):
+        raise _done[name]
+    return _done[name]
 
 
 class CrashAtStep(RoundRobinDispatcher):

@@ -19,13 +19,21 @@ from fault_runs import config
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, warm_start):
+@pytest.fixture(scope="module")
+def sizes(ray_session, tmp_path_factory, warm_start) -> tuple[int, int]:
+    """(bytes of a finished one-step run's files, bytes of its one checkpoint): the job both tests
+    fill a disk with, run once for the module."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("cannot mount a tmpfs here (not root); tests/training/test_checkpoint_verified.py injects ENOSPC")
-    sizing = tmp_path / "sizing"
+    sizing = tmp_path_factory.mktemp("full-disk") / "sizing"
     train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
     used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
     one = sum(p.stat().st_size for p in (sizing / "checkpoints" / "step_000001").iterdir())
+    return used, one
+
+
+def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, warm_start, sizes):
+    used, one = sizes
     disk = tmp_path / "disk"
     disk.mkdir()
     size = used + one // 2 + (256 << 10)  # the run's files and one checkpoint fit; a second does not
@@ -46,16 +54,11 @@ def test_a_full_disk_during_a_device_save_is_one_line(ray_session, tmp_path, war
         subprocess.run(["umount", "-l", str(disk)])
 
 
-def test_a_smaller_keep_checkpoints_on_resume_frees_the_full_disk(ray_session, tmp_path, warm_start):
+def test_a_smaller_keep_checkpoints_on_resume_frees_the_full_disk(ray_session, tmp_path, warm_start, sizes):
     """A disk with room for two checkpoints: keeping all, the save of step 3 fails; resumed with
     run.keep_checkpoints=1 the run deletes step 1 before its save needs the room (never step 2, which
     it resumed from) and finishes, keeping step 3 alone."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("cannot mount a tmpfs here (not root); tests/training/test_checkpoint_verified.py injects ENOSPC")
-    sizing = tmp_path / "sizing"
-    train_disaggregated(config(sizing, warm_start, "run.steps=1", "cluster.split=[1,1]", "cluster.devices=2"))
-    used = sum(p.stat().st_size for p in sizing.rglob("*") if p.is_file())
-    one = sum(p.stat().st_size for p in (sizing / "checkpoints" / "step_000001").iterdir())
+    used, one = sizes
     disk = tmp_path / "disk"
     disk.mkdir()
     size = used + one + one // 2 + (256 << 10)  # the run's files and two checkpoints fit; a third does not

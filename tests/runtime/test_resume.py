@@ -16,18 +16,16 @@ from poise.runtime.driver import train_disaggregated
 from poise.training.checkpoint import PENDING_SAMPLES
 from poise.training.colocated import train_colocated
 
-from fault_runs import CrashAtStep as _CrashAtStep, assert_logged_once, baseline, config
+from fault_runs import CrashAtStep as _CrashAtStep, assert_logged_once, baseline, config, crashed
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def crashed_sync(tmp_path_factory, warm_start):
-    """A sync 2+2 run that stopped with checkpoints after steps 0 and 1."""
-    run_dir = tmp_path_factory.mktemp("resume") / "sync-crashed"
-    cfg = config(run_dir, warm_start, "pipeline.mode=sync")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
+    """A sync 2+2 run that stopped with checkpoints after steps 0 and 1 (the session's, which
+    tests/runtime/test_runtime.py resumes too)."""
+    run_dir = crashed("sync", tmp_path_factory.getbasetemp(), warm_start)
     assert (run_dir / "checkpoints/latest").read_text().strip() == "step_000002"
     return run_dir
 
@@ -59,11 +57,7 @@ def test_sync_2_2_resumes_onto_another_layout(ray_session, tmp_path, tmp_path_fa
 def crashed_sharded(tmp_path_factory, warm_start):
     """A sync 2+2 run with cluster.shard=full that stopped with checkpoints after steps 0 and 1 (the
     writer gathered the weights and the optimizer state from their owners)."""
-    run_dir = tmp_path_factory.mktemp("resume") / "sharded-crashed"
-    cfg = config(run_dir, warm_start, "pipeline.mode=sync", "cluster.shard=full")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
-    return run_dir
+    return crashed("sync", tmp_path_factory.getbasetemp(), warm_start, "cluster.shard=full")
 
 
 @pytest.mark.parametrize("target", ["1+3-optimizer", "1+3-full", "colocated"])

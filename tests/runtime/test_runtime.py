@@ -6,6 +6,7 @@ compared by every sample's tokens, logprobs and weights version, and by the byte
 and optimizer checkpoints after every step. Each distinct run is made once per module (`runs`).
 """
 
+import shutil
 import time
 from dataclasses import replace
 
@@ -13,12 +14,12 @@ import pytest
 import torch
 
 from poise.config import load_train_config
-from poise.data.tasks import TaskSource
 from poise.errors import ConfigError, PoiseError
 from poise.policy.dispatch import DispatchPlan, RoundRobinDispatcher
 from poise.runtime.driver import train_disaggregated
 from poise.training.colocated import train_colocated
 
+from fault_runs import baseline, crashed
 from run_shapes import GROUP, PROMPTS, tiny_job
 
 pytestmark = pytest.mark.ray
@@ -37,10 +38,13 @@ def _cfg(run_dir, *extra):
 
 
 class Runs:
-    """Each distinct run of the module, made once (a Ray run costs seconds here) and shared."""
+    """Each distinct run of the module, made once (a Ray run costs seconds here) and shared; the
+    plain 2+2 runs are the session's (tests/runtime/fault_runs.py `baseline`, the same config), which
+    the fault, resume and multi-node tests compare with too."""
 
-    def __init__(self, root, warm_start, read_run):
-        self.root, self.warm, self.read = root, warm_start, read_run
+    def __init__(self, tmp_path_factory, warm_start, read_run):
+        self.factory, self.warm, self.read = tmp_path_factory, warm_start, read_run
+        self.root = tmp_path_factory.mktemp("runs")
         self._done: dict = {}
 
     def _run(self, key, train, *extra):
@@ -62,13 +66,15 @@ class Runs:
         return self._run(("colocated", *extra), train_colocated, "pipeline.mode=colocated", *extra)
 
     def disaggregated(self, mode: str, split: tuple[int, int], *extra: str):
+        if split == (2, 2) and not extra:
+            return baseline(mode, self.factory, self.warm, self.read)
         return self._run((mode, *split, *extra), train_disaggregated, *RUNTIME, f"pipeline.mode={mode}",
                          f"cluster.split=[{split[0]},{split[1]}]", *extra)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, warm_start, read_run):
-    return Runs(tmp_path_factory.mktemp("runs"), warm_start, read_run)
+    return Runs(tmp_path_factory, warm_start, read_run)
 
 
 @pytest.fixture(scope="module")
@@ -318,21 +324,6 @@ class _Lossy(RoundRobinDispatcher):
         return DispatchPlan(order=plan.order[:-1], batch_caps=plan.batch_caps)
 
 
-class _CrashAtStep(RoundRobinDispatcher):
-    """Raises when asked to dispatch the prompts of `step` (a crash after the previous checkpoint)."""
-
-    def __init__(self, cfg, step: int):
-        super().__init__()
-        source = TaskSource(cfg.run.seed, cfg.data.phases, cfg.data.pool_size)  # the run's own prompts
-        problems = source.prompts_for_step(step, cfg.algorithm.prompts_per_step)
-        self.crash_on = [p.uid for p in problems]
-
-    def plan(self, prompts, instances):
-        if [p.prompt_id for p in prompts] == self.crash_on:
-            raise RuntimeError("simulated crash")
-        return super().plan(prompts, instances)
-
-
 def test_reordering_dispatcher_changes_nothing(ray_session, tmp_path, reference, warm_start, read_run):
     train_disaggregated(_cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync", "cluster.split=[2,2]"),
                         dispatcher=_Reversed())
@@ -378,11 +369,13 @@ def test_split_with_zero_train_devices(tmp_path):
         _cfg(tmp_path, "cluster.split=[4,0]")
 
 
-def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, reference, warm_start, read_run):
-    cfg = _cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync", "cluster.split=[2,2]")
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train_disaggregated(cfg, dispatcher=_CrashAtStep(cfg, 2))
+def test_sync_resume_after_a_crash_ends_byte_identical(ray_session, tmp_path, tmp_path_factory, reference,
+                                                       warm_start, read_run):
+    # the session's 2+2 run crashed at step 2's dispatch (tests/runtime/fault_runs.py `crashed`:
+    # this module's config, as `baseline` is), copied: tests/runtime/test_resume.py resumes it too
+    shutil.copytree(crashed("sync", tmp_path_factory.getbasetemp(), warm_start), tmp_path, dirs_exist_ok=True)
     assert (tmp_path / "checkpoints/latest").read_text().strip() == "step_000002"
+    cfg = _cfg(tmp_path, *warm_start.overrides, *RUNTIME, "pipeline.mode=sync", "cluster.split=[2,2]")
     train_disaggregated(cfg, resume=True)  # the default dispatcher: dispatch must not matter either
     got = read_run(tmp_path)  # steps 0-1 from the first run, step 2 from the resumed one
     got.assert_learned(warm_start)

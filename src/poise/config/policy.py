@@ -3,6 +3,7 @@ of `poise train` and of scenarios, with the pipeline vocabulary they name."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -150,13 +151,9 @@ class ResizeConfig:
     def scheduled(self) -> dict[int, Split]:
         """The schedule as {step that first runs on the split: split}."""
         out: dict[int, Split] = {}
-        for i, entry in enumerate(self.schedule):
-            key = f"resize.schedule[{i}]"
-            check(isinstance(entry, dict) and set(entry) == {"at_step", "split"}, key, entry,
-                  "each entry is {at_step: N, split: [rollout, train]}")
-            at = entry["at_step"]
-            check(isinstance(at, int) and not isinstance(at, bool) and at >= 1, f"{key}.at_step", at,
-                  "must be an integer >= 1 (step 0 runs on cluster.split)")
+        entries = _entries(self.schedule, "resize", ("at_step", "split"), "{at_step: N, split: [rollout, train]}")
+        for key, entry in entries:
+            at = _whole(entry["at_step"], f"{key}.at_step", 1, "step 0 runs on cluster.split")
             check(at not in out, f"{key}.at_step", at, "two entries name the same step; keep one")
             out[at] = Split.parse(entry["split"], f"{key}.split")
         return dict(sorted(out.items()))
@@ -224,15 +221,10 @@ class ScaleConfig:
     def scheduled(self) -> dict[int, int]:
         """The schedule as {step after which devices join: how many}."""
         out: dict[int, int] = {}
-        for i, entry in enumerate(self.schedule):
-            key = f"scale.schedule[{i}]"
-            check(isinstance(entry, dict) and set(entry) == {"after_step", "add"}, key, entry,
-                  "each entry is {after_step: N, add: K}")
-            at, add = entry["after_step"], entry["add"]
-            check(isinstance(at, int) and not isinstance(at, bool) and at >= 0, f"{key}.after_step", at,
-                  "must be an integer >= 0 (the step after whose weight sync the devices join)")
-            check(isinstance(add, int) and not isinstance(add, bool) and add >= 1, f"{key}.add", add,
-                  "must be an integer >= 1 (rollout instances that join)")
+        for key, entry in _entries(self.schedule, "scale", ("after_step", "add"), "{after_step: N, add: K}"):
+            at = _whole(entry["after_step"], f"{key}.after_step", 0,
+                        "the step after whose weight sync the devices join")
+            add = _whole(entry["add"], f"{key}.add", 1, "rollout instances that join")
             check(at not in out, f"{key}.after_step", at, "two entries name the same step; merge them")
             out[at] = add
         return dict(sorted(out.items()))
@@ -244,3 +236,20 @@ class ScaleConfig:
         if self.policy == "controller":
             return min(self.max_instances, reserve_instances) if self.max_instances else reserve_instances
         return 0
+
+
+def _entries(schedule: tuple[Any, ...], section: str, names: tuple[str, str], form: str
+             ) -> Iterator[tuple[str, dict]]:
+    """Each entry of `{section}.schedule` with its key, checked to be a mapping of `names` alone
+    (`form` shows one)."""
+    for i, entry in enumerate(schedule):
+        key = f"{section}.schedule[{i}]"
+        check(isinstance(entry, dict) and set(entry) == set(names), key, entry, f"each entry is {form}")
+        yield key, entry
+
+
+def _whole(value: Any, key: str, least: int, meaning: str) -> int:
+    """`value`, checked to be an integer (not a bool) >= `least`; `meaning` says what it counts."""
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= least, key, value,
+          f"must be an integer >= {least} ({meaning})")
+    return value
