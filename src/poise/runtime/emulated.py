@@ -49,7 +49,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from poise.data.tasks import Problem
 from poise.errors import PoiseError
@@ -191,8 +191,10 @@ class EmulatedEngine:
                               "abort", self.version, seq.submit_time, now, seq.length, turn=seq.request.turn)
                        for seq, n in seqs), key=lambda s: s.sample_id)
 
-    def resume(self, partials: Sequence[Sample]) -> None:
+    def resume(self, partials: Sequence[Sample], windows: Mapping[SampleId, int] | None = None) -> None:
         """Continue partial samples from `abort` (here or on another engine), ahead of the queue."""
+        if windows:  # config/train.py refuses partial rollouts on emulated compute before any work
+            raise RuntimeError("emulated engine: partial rollouts' windows are not built")
         now = self._now()
         if self._deadline is None:
             self._deadline = now
