@@ -34,6 +34,13 @@ def test_overprovision_needs_partial_rollouts_and_partial_needs_staleness():
         load_train_config(None, [*PARTIAL, "pipeline.partial_tokens=4", "pipeline.max_staleness=0"])
 
 
+def test_overprovision_fits_in_a_batch():
+    partial = [*PARTIAL, "pipeline.partial_tokens=4", "algorithm.prompts_per_step=4"]
+    with pytest.raises(ConfigError, match=r"pipeline.overprovision.*got 5.*<= algorithm.prompts_per_step \(4\)"):
+        load_train_config(None, [*partial, "pipeline.overprovision=5"])
+    assert load_train_config(None, [*partial, "pipeline.overprovision=4"]).pipeline.overprovision == 4
+
+
 def test_staleness_zero_is_the_sync_loop_and_unset_is_one():
     cfg = load_train_config(None, ["pipeline.mode=async", "pipeline.max_staleness=0"])
     assert cfg.pipeline.kind == load_train_config(None, ["pipeline.mode=sync"]).pipeline.kind == "stream"

@@ -110,25 +110,25 @@ def test_a_crash_mid_step_resumes_on_another_split_with_its_unfinished_samples(r
     run_window = partial.PartialPool.run_window
     windows = []
 
-    def crash_in_step_3s_phase(pool, step, version):
+    def crash_in_step_2s_phase(pool, step, version):
         windows.append(step)
-        if windows.count(3) == 2:  # the generation of step 3, during step 2, one window in
+        if windows.count(2) == 2:  # the generation of step 2, during step 1, one window in
             raise RuntimeError("simulated crash")
         return run_window(pool, step, version)
 
-    monkeypatch.setattr(partial.PartialPool, "run_window", crash_in_step_3s_phase)
+    monkeypatch.setattr(partial.PartialPool, "run_window", crash_in_step_2s_phase)
     with pytest.raises(RuntimeError, match="simulated crash"):
         train_disaggregated(load_train_config(None, [*cfg, "cluster.split=[2,2]"]))
     monkeypatch.setattr(partial.PartialPool, "run_window", run_window)
     latest = tmp_path / "checkpoints" / (tmp_path / "checkpoints/latest").read_text().strip()
-    assert latest.name == "step_000002"
+    assert latest.name == "step_000001"
     pool = [s for s, _ in decode_samples(latest / PARTIAL_POOL)]
     assert any(s.finish_reason == "abort" and s.token_ids for s in pool)  # unfinished samples, kept
     assert (latest / PENDING_SAMPLES).is_file()
     train_disaggregated(load_train_config(None, [*cfg, "cluster.split=[3,1]"]), resume=True)
     got = read_run(tmp_path)
     got.assert_learned(warm_start)
-    _assert_same(got, base, "partial rollouts crashed in step 2 on 2+2, resumed on 3+1 vs straight 2+2")
+    _assert_same(got, base, "partial rollouts crashed in step 1 on 2+2, resumed on 3+1 vs straight 2+2")
 
 
 @pytest.mark.parametrize("staleness, reference", [(0, "sync"), (1, "async")])
