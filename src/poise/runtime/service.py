@@ -222,7 +222,8 @@ class StreamGenerationService:
         for inst in self.instances:
             if inst.device in work:
                 parts, reqs = work[inst.device]
-                budgets = {p.sample_id: windows[p.sample_id] for p in parts if p.sample_id in windows} if windows else None
+                budgets = {p.sample_id: windows[p.sample_id] for p in parts if p.sample_id in windows} \
+                    if windows else None
                 inst.worker.resume_generation.remote(parts, reqs, self._caps.get(inst.device, self.num_slots), budgets)
         return len(partials) + len(requests)
 
