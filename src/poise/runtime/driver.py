@@ -4,6 +4,8 @@ sync   step k: generate with weights k, stream each sample to the trainer, updat
 async  step k: the trainer updates on step k's samples (made with weights k-1) while rollout
        generates step k+1 with weights k; then weights k+1 are published. Exact staleness 1
        (docs/design.md invariant 4); step 0 uses the initial weights, the only ones there are.
+       With partial rollouts (pipeline.partial_tokens) a sample may span several weights versions,
+       at most pipeline.max_staleness behind its update (runtime/partial.py).
 
 Prompts, sampling, the step plan (poise.policy.plan) and the reduction order are those of the
 colocated loop, so in `determinism: bitwise` every sample and every update equals the colocated
