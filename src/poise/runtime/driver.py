@@ -284,7 +284,7 @@ class Driver:
         problems = self.source.problems(step)
         if self.cfg.algorithm.dynamic_sampling or self.partial is not None:  # slot i holds draw slots[i]
             saved = json.loads((checkpoint / DYNAMIC_DRAWS).read_text())
-            problems = self.partial.restore(checkpoint, saved["slots"]) if self.partial else \
+            problems = self.partial.restore(checkpoint, saved["slots"]) if self.partial is not None else \
                 self.source.draws(step, saved["slots"])
             self.collector.dynamic[step] = DynamicStep(saved["slots"], problems, saved["metrics"])
         samples = [s for s, _ in pending]
