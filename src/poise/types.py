@@ -44,8 +44,8 @@ class Sample:
     # an episode (poise.episodes): 1 on each model token of token_ids, 0 on each observation token, which
     # trains nobody and counts in no normaliser; None: every token is the model's (a single answer)
     loss_mask: tuple[int, ...] | None = None
-    # the weights version that sampled each token of token_ids (a partial rollout resumed after a weight
-    # update mixes versions); None: every token is weights_version's
+    # partial rollouts (docs/partial-rollouts.md): the weights version that produced each token of token_ids; a
+    # sample carrying it may continue under newer weights. None: every token was made by weights_version
     token_versions: tuple[int, ...] | None = None
 
 

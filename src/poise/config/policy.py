@@ -29,45 +29,54 @@ class PipelineConfig:
                                      "not yet started, beside the train devices, which alone hold the optimizer "
                                      "and step. Samples and update are the same, bit for bit. Not in async (every "
                                      "device is busy there)")
-
     max_staleness: int | None = help_field(
-        None, "async only: how many weights versions a trained token may lag the weights it trains against. "
-              "null = 1 (one-step-off async); 0 runs the sync loop; >= 2 needs partial_tokens > 0")
+        None, "async only: the most weights versions a trained token may lag the weights it trains against. "
+              "null = 1 (one-step-off async); 0 = the sync loop; >= 2 needs partial_tokens > 0 "
+              "(docs/partial-rollouts.md)")
     partial_tokens: int = help_field(
-        0, "async only: partial rollouts. Each unfinished sample decodes at most this many tokens per step (a "
-           "window) and carries on under the next weights; one that would lag more than max_staleness runs to its "
-           "end. 0 = whole samples. Needs algorithm.old_logprobs=recompute")
+        0, "async only: partial rollouts. Each unfinished sample decodes at most this many tokens per step and "
+           "keeps generating across weight updates (each token records its weights version); 0 = off, every "
+           "sample runs to its end within one step")
     overprovision: int = help_field(
-        0, "prompt groups kept in flight beyond algorithm.prompts_per_step: a step trains the first complete "
-           "ones and the rest carry on (needs partial_tokens > 0)")
+        0, "with partial_tokens: prompt groups kept generating beyond algorithm.prompts_per_step (APRIL); the "
+           "groups not trained this step join later steps")
 
     def __post_init__(self) -> None:
-        s, async_ = self.max_staleness, self.mode == "async"
-        check(s is None or async_, "pipeline.max_staleness", s,
-              f"applies to pipeline.mode=async only (mode is {self.mode}): remove it")
-        check(s is None or s >= 0, "pipeline.max_staleness", s, "must be >= 0 (null = 1)")
+        for key, value, on in (("pipeline.max_staleness", self.max_staleness, self.max_staleness is not None),
+                               ("pipeline.partial_tokens", self.partial_tokens, self.partial_tokens != 0),
+                               ("pipeline.overprovision", self.overprovision, self.overprovision != 0)):
+            check(not on or self.mode == "async", key, value,
+                  f"needs pipeline.mode=async (with {self.mode} every sample uses its step's own weights); "
+                  "set pipeline.mode=async or drop it")
+        check(self.max_staleness is None or self.max_staleness >= 0, "pipeline.max_staleness", self.max_staleness,
+              "must be >= 0 (0 = sync, 1 = one-step-off async) or null")
         check(self.partial_tokens >= 0, "pipeline.partial_tokens", self.partial_tokens, "must be >= 0 (0 = off)")
-        check(self.partial_tokens == 0 or async_, "pipeline.partial_tokens", self.partial_tokens,
-              f"partial rollouts need pipeline.mode=async (mode is {self.mode}): set it 0")
-        check(s is None or s < 2 or self.partial_tokens > 0, "pipeline.max_staleness", s,
-              "staleness >= 2 needs partial rollouts: set pipeline.partial_tokens > 0 (e.g. 1024)")
-        check(self.overprovision >= 0, "pipeline.overprovision", self.overprovision, "must be >= 0")
+        check(self.overprovision >= 0, "pipeline.overprovision", self.overprovision, "must be >= 0 (0 = off)")
+        check(self.staleness < 2 or self.partial_tokens > 0, "pipeline.max_staleness", self.max_staleness,
+              "above 1 needs partial rollouts (a sample spans several weights versions only when it keeps "
+              "generating across updates); set pipeline.partial_tokens > 0, e.g. 32, or max_staleness <= 1")
+        check(self.partial_tokens == 0 or self.staleness >= 1, "pipeline.partial_tokens", self.partial_tokens,
+              "needs pipeline.max_staleness >= 1 (0 is the sync loop, which generates each step whole); "
+              "raise max_staleness or set partial_tokens=0")
         check(self.overprovision == 0 or self.partial_tokens > 0, "pipeline.overprovision", self.overprovision,
-              "needs partial rollouts: set pipeline.partial_tokens > 0, or overprovision 0")
+              "needs partial rollouts (the surplus groups keep generating into later steps); set "
+              "pipeline.partial_tokens > 0, e.g. 32, or overprovision=0")
 
     @property
     def staleness(self) -> int:
-        """The effective max_staleness: 1 unless given (0 only with max_staleness 0)."""
-        return 1 if self.max_staleness is None else self.max_staleness
+        """The most weights versions a trained token lags: max_staleness, or 1 (async) / 0 when unset."""
+        if self.max_staleness is not None:
+            return self.max_staleness
+        return 1 if self.mode == "async" else 0
 
     @property
     def partial(self) -> bool:
-        """Partial rollouts on: async with a window (max_staleness 0 runs the sync loop instead)."""
-        return self.partial_tokens > 0 and self.staleness >= 1
+        """Partial rollouts: samples keep generating across weight updates (pipeline.partial_tokens)."""
+        return self.partial_tokens > 0
 
     @property
     def kind(self) -> str:
-        if self.max_staleness == 0:  # staleness 0 is the sync loop
+        if self.mode == "async" and self.max_staleness == 0:  # staleness 0 is the sync loop, byte for byte
             return pipeline_kind("sync", self.streaming)
         return pipeline_kind(self.mode, self.streaming)
 

@@ -97,12 +97,34 @@ class TrainConfig:
               True, "needs real rewards to drop groups by; cluster.compute=emulated has none: set it false")
         self._check_eval()
         self._check_env()
+        self._check_partial()
         s = self.algorithm.sampling
         if self.model.path is None:
             need = self.model.tiny.max_positions
             check(s.max_new_tokens < need, "algorithm.sampling.max_new_tokens", s.max_new_tokens,
                   f"must leave room for the prompt within model.tiny.max_positions ({need})")
 
+
+    def _check_partial(self) -> None:
+        """Partial rollouts (pipeline.partial_tokens) train tokens of several weights versions: the
+        decoupled objective (proximal = the weights before the update) needs the trainer's own old
+        log-probs; what they do not run with yet is refused in one line."""
+        if not self.pipeline.partial:
+            return
+        check(self.algorithm.old_logprobs == "recompute", "algorithm.old_logprobs", self.algorithm.old_logprobs,
+              f"pipeline.partial_tokens={self.pipeline.partial_tokens} trains tokens of several weights versions, "
+              "which needs the decoupled objective: set algorithm.old_logprobs=recompute (and rollout_is=token)")
+        p = self.pipeline
+        check(p.overprovision <= self.algorithm.prompts_per_step, "pipeline.overprovision", p.overprovision,
+              f"must be <= algorithm.prompts_per_step ({self.algorithm.prompts_per_step}): the surplus groups that "
+              "must finish in a step have to fit in its batch, or their tokens would lag more than "
+              "pipeline.max_staleness versions")
+        for on, key, value, why in (
+                (self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, "set it false"),
+                (self.env.name is not None, "env.name", self.env.name, "drop env.name"),
+                (self.cluster.compute == "emulated", "cluster.compute", "emulated", "use cluster.compute=real")):
+            check(not on, key, value, "is not built with partial rollouts (pipeline.partial_tokens > 0) yet; "
+                                      f"{why} or set pipeline.partial_tokens=0")
 
     def _check_env(self) -> None:
         """What episodes (env.name) do not run with yet: each refused in one line, before any work."""

@@ -99,6 +99,8 @@ class _Sequence:
     text_len: int = 0  # length of decoded response text (stop strings)
     key_prefix: int = 0  # sampling.turn_key_prefix(seed, sample_id, turn): the keys less the position
     turn: int = 0  # an episode's turn (Request.turn)
+    window_end: int = 0  # partial rollouts: hand back unfinished (finish_reason 'abort') at this many tokens
+    versions: list[int] | None = None  # partial rollouts: the versions of the tokens it came with
 
 
 class Engine:
@@ -375,6 +377,8 @@ class Engine:
             return "stop"
         if len(seq.tokens) >= seq.max_new or len(seq.prompt) + len(seq.tokens) >= self.context:
             return "length"
+        if seq.window_end and len(seq.tokens) >= seq.window_end:
+            return "abort"  # partial rollouts: its window is spent; it continues in a later one
         return None
 
     def _hit_stop(self, seq: _Sequence) -> bool:
@@ -394,8 +398,10 @@ class Engine:
         tokens, logprobs = seq.tokens, seq.logprobs
         if seq.forced:  # aborted mid-replay: hand on what the partial had, with its logprobs
             tokens, logprobs = seq.tokens + seq.forced, seq.logprobs + seq.forced_logprobs
+        versions = None if seq.versions is None else \
+            tuple(seq.versions + [self.version] * (len(tokens) - len(seq.versions)))
         return Sample(seq.sample_id, tuple(seq.prompt), tuple(tokens), tuple(logprobs), reason, self.version,
-                      seq.submit_time, now, seq.max_new, turn=seq.turn)
+                      seq.submit_time, now, seq.max_new, turn=seq.turn, token_versions=versions)
 
     # ---- streaming and batch entry points -------------------------------------------------
 
@@ -445,13 +451,17 @@ class Engine:
         self._queue = deque(seq for seq in self._queue if seq.sample_id in self._known)
         return sorted(partials, key=lambda s: s.sample_id)
 
-    def resume(self, partials: Iterable[Sample]) -> None:
+    def resume(self, partials: Iterable[Sample], windows: Mapping[SampleId, int] | None = None) -> None:
         """Queue partial samples (from `abort` on this or another engine) to continue, ahead of
-        new requests. The continued sample equals the one an uninterrupted run produces."""
+        new requests. The continued sample equals the one an uninterrupted run produces.
+        `windows` (partial rollouts): a sample named there decodes at most that many more tokens,
+        then comes back unfinished (finish_reason 'abort')."""
         seqs: list[_Sequence] = []
         try:
             for partial in partials:
                 seqs.append(self._resume_check(partial))
+                if windows and partial.sample_id in windows:
+                    seqs[-1].window_end = len(partial.token_ids) + windows[partial.sample_id]
         except RequestError:
             for seq in seqs:  # all or nothing: the engine stays as it was
                 self._known.discard(seq.sample_id)
@@ -464,6 +474,8 @@ class Engine:
                                 list(partial.token_ids), turn=partial.turn)
         seq.logprobs = list(partial.logprobs)
         seq.submit_time = partial.submit_time
+        if partial.token_versions is not None:  # partial rollouts: its prefix's cache is rebuilt under these weights
+            seq.versions = list(partial.token_versions)
         return seq
 
     # ---- weights ----------------------------------------------------------------------------
@@ -510,7 +522,11 @@ def check_resumable(partial: Sample, version: int) -> None:
     if partial.finish_reason != "abort":
         raise RequestError(partial.sample_id, f"finish_reason is {partial.finish_reason!r}; only "
                                               "aborted partial samples can be resumed")
-    if partial.token_ids and partial.weights_version != version:
+    if partial.token_versions is not None:  # partial rollouts: it continues under these or newer weights
+        if partial.token_versions and partial.token_versions[-1] > version:
+            raise RequestError(partial.sample_id, f"has tokens of weights version {partial.token_versions[-1]} "
+                                                  f"but this engine holds the older version {version}")
+    elif partial.token_ids and partial.weights_version != version:
         raise RequestError(partial.sample_id, f"was generated under weights version {partial.weights_version} "
                                               f"but this engine holds version {version}; resume it where the "
                                               "weights match")

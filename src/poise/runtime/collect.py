@@ -24,9 +24,10 @@ SCORE_WAIT_S = 0.02  # how long the driver waits for a just-arrived batch's rewa
 @dataclasses.dataclass
 class DynamicStep:
     """Dynamic sampling's outcome for one step: slot i holds draw `slots[i]` (policy/dynamic.py),
-    whose problem is `problems[i]`; `metrics` go into the step's row."""
+    whose problem is `problems[i]`; `metrics` go into the step's row. Partial rollouts
+    (runtime/partial.py) use it too: slot i holds the group [origin step, prompt index]."""
 
-    slots: list[int]
+    slots: list
     problems: list[Problem]
     metrics: dict[str, float]
 

@@ -4,6 +4,8 @@ sync   step k: generate with weights k, stream each sample to the trainer, updat
 async  step k: the trainer updates on step k's samples (made with weights k-1) while rollout
        generates step k+1 with weights k; then weights k+1 are published. Exact staleness 1
        (docs/design.md invariant 4); step 0 uses the initial weights, the only ones there are.
+       With partial rollouts (pipeline.partial_tokens) a sample may span several weights versions,
+       at most pipeline.max_staleness behind its update (runtime/partial.py).
 
 Prompts, sampling, the step plan (poise.policy.plan) and the reduction order are those of the
 colocated loop, so in `determinism: bitwise` every sample and every update equals the colocated
@@ -42,6 +44,7 @@ from poise.runlog import RunLog
 from poise.runtime import faults
 from poise.runtime.collect import Collector, DynamicStep
 from poise.runtime.evaluation import RolloutEvaluation
+from poise.runtime.partial import PartialPool
 from poise.runtime.resize import ResizeReport, finish_report, hard_resize, live_resize
 from poise.runtime.runtime import Runtime, StepSource, choose_split, resize_policy
 from poise.runtime.scale import ScaleOut
@@ -100,6 +103,9 @@ class Driver:
                                           cfg.algorithm.sampling.max_new_tokens, runtime.spec.rollout.max_context,
                                           cfg.run.seed)
         self.collector = Collector(runtime, source, cfg.algorithm, self.kind, self.injector, self.episodes)
+        # pipeline.partial_tokens: samples keep generating across weight updates (runtime/partial.py)
+        self.partial = PartialPool(runtime, source, self.collector, cfg.algorithm, cfg.pipeline) \
+            if cfg.pipeline.partial and self.kind == "async" else None
 
     def now(self) -> float:
         return time.time() - self.t0
@@ -193,7 +199,7 @@ class Driver:
         self.injector.at(self.rt, "train", step)
         if ahead:
             self.rt.trainer.expect_next(self.plan(step + 1))  # its micro-batches put as they complete
-            self.generated[step + 1] = self.collector.collect(ahead, step=step + 1)
+            self.generated[step + 1] = self.collect(step + 1, ahead, self.version)
         return scored
 
     def publish_again(self, step: int) -> list:
@@ -204,7 +210,7 @@ class Driver:
         if self.kind == "async" and ahead:  # first the next step's samples, with the weights before it
             problems_ahead = self.source.problems(step + 1)
             self.start_generation(step + 1, problems_ahead)
-            self.generated[step + 1] = self.collector.collect(problems_ahead, step=step + 1)
+            self.generated[step + 1] = self.collect(step + 1, problems_ahead, self.version - 1)
         syncing = self.rt.publish_refs(self.version, None)
         self.queue_next_generation(step)
         return syncing
@@ -276,9 +282,10 @@ class Driver:
                              "from before async resume): resume it with pipeline.mode=sync or colocated")
         pending = decode_samples(path)
         problems = self.source.problems(step)
-        if self.cfg.algorithm.dynamic_sampling:  # slot i holds draw slots[i]: its problem scores it
+        if self.cfg.algorithm.dynamic_sampling or self.partial is not None:  # slot i holds draw slots[i]
             saved = json.loads((checkpoint / DYNAMIC_DRAWS).read_text())
-            problems = self.source.draws(step, saved["slots"])
+            problems = self.partial.restore(checkpoint, saved["slots"]) if self.partial is not None else \
+                self.source.draws(step, saved["slots"])
             self.collector.dynamic[step] = DynamicStep(saved["slots"], problems, saved["metrics"])
         samples = [s for s, _ in pending]
         results = self.source.submit_scores(problems, samples).result()
@@ -296,11 +303,19 @@ class Driver:
     def generate(self, step: int, problems: list[Problem], stream_to_trainer: bool = False
                  ) -> list[tuple[Sample, float]]:
         self.start_generation(step, problems)
+        return self.collect(step, problems, self.version, stream_to_trainer)
+
+    def collect(self, step: int, problems: list[Problem], version: int, stream_to_trainer: bool = False
+                ) -> list[tuple[Sample, float]]:
+        """Step `step`'s samples, scored, generated with weights `version`: as they arrive, or, with
+        partial rollouts, a phase of the pool (which hands its work out itself)."""
+        if self.partial is not None:
+            return self.partial.phase(step, version)
         return self.collector.collect(problems, stream_to_trainer, step=step)
 
     def start_generation(self, step: int, problems: list[Problem]) -> None:
         """Dispatch step `step`'s prompt groups over the rollout instances (once per step)."""
-        if step in self.started:
+        if step in self.started or self.partial is not None:  # partial rollouts: the phase dispatches
             return
         self.started.add(step)
         prompt_ids = [self.source.prompt_ids(p) for p in problems]
@@ -409,6 +424,8 @@ class Driver:
                 if done in self.collector.dynamic:
                     d = self.collector.dynamic[done]
                     extra[DYNAMIC_DRAWS] = json.dumps({"slots": d.slots, "metrics": d.metrics}).encode()
+                if self.partial is not None:  # the pool: unfinished and finished-untrained samples
+                    extra.update(self.partial.checkpoint_files())
             prune_before_save(self.run_dir, run.keep_checkpoints, done)  # room first: the disk may be full
             # the driver's run.dir: written there by the leader, or through the driver (runtime/storage.py)
             self.rt.store.save(self.rt.leader, self.rt.workers[self.rt.leader], self.run_dir, done, self.version,
@@ -461,6 +478,7 @@ class Driver:
                       submit=rel(s.submit_time), finish=rel(s.finish_time), reward=rewards[s.sample_id],
                       **({"draw": dynamic.slots[s.sample_id[1]]} if dynamic is not None else {}),
                       **({"tokens": list(s.token_ids), "logprobs": list(s.logprobs)} if tokens else {}),
+                      **({"token_versions": list(s.token_versions)} if tokens and s.token_versions else {}),
                       **episode_event_fields(s, tokens))
         if self.completions is not None:
             log.completions(self.completions.rows(step, samples, problems, rewards, dict(results)))

@@ -49,7 +49,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from poise.data.tasks import Problem
 from poise.errors import PoiseError
@@ -100,6 +100,14 @@ class _Live:
     length: int  # tokens it will generate in all
     submit_time: float
     done: int = 0  # tokens a partial already had (resumed after an abort elsewhere)
+    window: int = 0  # partial rollouts: tokens it may decode here before it is handed back; 0 = to its end
+    versions: tuple[int, ...] | None = None  # partial rollouts: the versions of the `done` tokens
+
+    @property
+    def run(self) -> int:
+        """Tokens it decodes here: to its end, or its window."""
+        left = self.length - self.done
+        return min(left, self.window) if self.window else left
 
 
 def _zeros(n: int) -> array:
@@ -158,8 +166,7 @@ class EmulatedEngine:
             seq = self._queue.popleft()
             self._live[self._admitted] = seq
             # a resumed partial re-prefills prompt + its tokens, as the real engine does
-            prefill += self._batch.admit(self._admitted, len(seq.request.prompt_ids) + seq.done,
-                                         seq.length - seq.done)
+            prefill += self._batch.admit(self._admitted, len(seq.request.prompt_ids) + seq.done, seq.run)
             self._admitted += 1
         if not self._live:
             return []
@@ -174,8 +181,15 @@ class EmulatedEngine:
         finished = [self._live.pop(key) for key in done]
         if self.idle:
             self._deadline = None
-        return [Sample(tuple(s.request.sample_id), s.request.prompt_ids, _zeros(s.length), (), "length",
-                       self.version, s.submit_time, now, s.length, turn=s.request.turn) for s in finished]
+        return [self._sample(s, s.run, now) for s in finished]
+
+    def _sample(self, seq: _Live, n: int, now: float, reason: str | None = None) -> Sample:
+        """`seq` after `n` more tokens here: finished, or (not at its end) a partial sample."""
+        made = seq.done + n
+        versions = None if seq.versions is None else seq.versions + (self.version,) * n
+        return Sample(tuple(seq.request.sample_id), tuple(seq.request.prompt_ids), _zeros(made), (),
+                      reason or ("length" if made >= seq.length else "abort"), self.version, seq.submit_time, now,
+                      seq.length, turn=seq.request.turn, token_versions=versions)
 
     def abort(self) -> list[Sample]:
         """Stop every queued and running sequence (between two decode segments: the engine loop
@@ -187,22 +201,27 @@ class EmulatedEngine:
         self._live.clear()
         self._queue.clear()
         self._deadline = None
-        return sorted((Sample(tuple(seq.request.sample_id), tuple(seq.request.prompt_ids), _zeros(seq.done + n), (),
-                              "abort", self.version, seq.submit_time, now, seq.length, turn=seq.request.turn)
-                       for seq, n in seqs), key=lambda s: s.sample_id)
+        return sorted((self._sample(seq, n, now, "abort") for seq, n in seqs), key=lambda s: s.sample_id)
 
-    def resume(self, partials: Sequence[Sample]) -> None:
-        """Continue partial samples from `abort` (here or on another engine), ahead of the queue."""
+    def resume(self, partials: Sequence[Sample], windows: Mapping[SampleId, int] | None = None) -> None:
+        """Continue partial samples from `abort` (here or on another engine), ahead of the queue;
+        one named in `windows` (partial rollouts) comes back unfinished after that many more tokens,
+        and one carrying per-token versions may continue under newer weights."""
         now = self._now()
         if self._deadline is None:
             self._deadline = now
         for partial in reversed(list(partials)):
-            if partial.token_ids and partial.weights_version != self.version:
+            versions = partial.token_versions
+            if versions is None and partial.token_ids and partial.weights_version != self.version:
                 raise RuntimeError(f"emulated engine: partial {partial.sample_id} was made under weights version "
                                    f"{partial.weights_version}, this engine holds {self.version}")
-            request = Request(tuple(partial.sample_id), tuple(partial.prompt_ids), turn=partial.turn)
-            self._queue.appendleft(_Live(request, self.lengths(tuple(partial.sample_id)), partial.submit_time,
-                                         len(partial.token_ids)))
+            if versions and versions[-1] > self.version:
+                raise RuntimeError(f"emulated engine: partial {partial.sample_id} has tokens of weights version "
+                                   f"{versions[-1]}, this engine holds the older {self.version}")
+            sid = tuple(partial.sample_id)
+            request = Request(sid, tuple(partial.prompt_ids), turn=partial.turn)
+            self._queue.appendleft(_Live(request, self.lengths(sid), partial.submit_time, len(partial.token_ids),
+                                         (windows or {}).get(sid, 0), versions))
 
     def load_weights(self, named_tensors, version: int) -> None:
         if not self.idle:

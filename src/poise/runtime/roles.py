@@ -21,9 +21,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
-from poise.types import Request, Sample
+from poise.types import Request, Sample, SampleId
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,10 @@ class RolloutEngine(Protocol):
         """Stop every queued and running sequence; their partial samples (finish_reason 'abort')."""
         ...
 
-    def resume(self, partials: Sequence[Sample]) -> None:
-        """Continue partial samples (from `abort` on any engine holding the same weights)."""
+    def resume(self, partials: Sequence[Sample], windows: Mapping[SampleId, int] | None = None) -> None:
+        """Continue partial samples (from `abort` on any engine holding the same weights, or partial
+        rollouts' carrying per-token versions); one named in `windows` comes back unfinished after
+        that many more tokens."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None: ...
@@ -208,11 +210,16 @@ class EngineLoop:
             self._cv.notify_all()
             return finished, partials, pending
 
-    def resume(self, partials: Sequence[Sample], requests: Sequence[Request], cap: int) -> None:
-        """Take over another device's partial samples (continued first) and unstarted requests."""
+    def resume(self, partials: Sequence[Sample], requests: Sequence[Request], cap: int,
+               windows: Mapping[SampleId, int] | None = None) -> None:
+        """Take over another device's partial samples (continued first) and unstarted requests;
+        `windows`: partial rollouts' per-sample token budgets (`RolloutEngine.resume`)."""
         with self._between_steps(), self._cv:
             self._raise_error()
-            self.engine.resume(partials)
+            if windows:
+                self.engine.resume(partials, windows)
+            else:
+                self.engine.resume(partials)
             self._cap = max(1, cap)
             self._pending.extend(requests)
             self._in_flight += len(partials) + len(requests)

@@ -191,7 +191,15 @@ class StreamGenerationService:
         self.instances = sorted(self.instances + [_Instance(w, d) for w, d in zip(workers, devices)],
                                 key=lambda inst: inst.device)
 
-    def hand_over(self, finished: Sequence[Sample], partials: Sequence[Sample], requests: Sequence[Request]) -> int:
+    def continue_partials(self, step: int, partials: Sequence[Sample], windows: Mapping[SampleId, int]) -> None:
+        """Partial rollouts (runtime/partial.py): a window of the generation for step `step` over the
+        pool's unfinished samples, each decoding at most windows[id] more tokens (one not named
+        there: to its end); `stream` takes them back, finished or not."""
+        self._step = step
+        self.hand_over([], partials, [], windows)
+
+    def hand_over(self, finished: Sequence[Sample], partials: Sequence[Sample], requests: Sequence[Request],
+                  windows: Mapping[SampleId, int] | None = None) -> int:
         """A leaving device's work: its finished samples wait for the next `stream`; its partial
         samples and unstarted requests go, a prompt group at a time, to the instance with the
         least in flight (which sample runs where changes no token). Returns the samples moved."""
@@ -214,7 +222,9 @@ class StreamGenerationService:
         for inst in self.instances:
             if inst.device in work:
                 parts, reqs = work[inst.device]
-                inst.worker.resume_generation.remote(parts, reqs, self._caps.get(inst.device, self.num_slots))
+                budgets = {p.sample_id: windows[p.sample_id] for p in parts if p.sample_id in windows} \
+                    if windows else None
+                inst.worker.resume_generation.remote(parts, reqs, self._caps.get(inst.device, self.num_slots), budgets)
         return len(partials) + len(requests)
 
     def observe(self, samples: Sequence[Sample]) -> None:

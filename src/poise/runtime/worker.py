@@ -123,10 +123,10 @@ class Device(FileEndpoint):
         requests never started); nothing stays in flight here."""
         return self.loop.abort()
 
-    def resume_generation(self, partials: list, requests: list, cap: int) -> None:
+    def resume_generation(self, partials: list, requests: list, cap: int, windows: dict | None = None) -> None:
         """Continue another device's partial samples (same tokens: docs/design.md invariant 2), then
-        its unstarted requests."""
-        self.loop.resume(partials, requests, cap)
+        its unstarted requests; `windows`: partial rollouts' per-sample token budgets."""
+        self.loop.resume(partials, requests, cap, windows)
 
     # ---- live resize --------------------------------------------------------------------------
     def become(self, role: Role, version: int) -> int:

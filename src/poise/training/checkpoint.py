@@ -529,7 +529,7 @@ def decode_samples(path: Path) -> list[tuple[object, int | None]]:
         row["sample_id"] = tuple(row["sample_id"])
         for key in ("prompt_ids", "token_ids", "logprobs"):
             row[key] = tuple(row[key])
-        if row.get("token_versions") is not None:  # a partial rollout's versions per token, a tuple as written
+        if row.get("token_versions") is not None:  # partial rollouts
             row["token_versions"] = tuple(row["token_versions"])
         out.append((Sample(**row), instance))
     return out
