@@ -213,18 +213,23 @@ class DecoderRunner:
         self._layers = [_Layer(layer) for layer in self.layers]
         self._final_norm = _Norm(self.decoder.norm)
         self.rope_table = self._rope_table()
+        # made once, not per step: the key positions a decode mask compares, and its two bias values
+        self._key_positions = torch.arange(self.max_positions, device=self.device)
+        self._bias_values = (torch.zeros((), dtype=self.dtype, device=self.device),
+                             torch.full((), float("-inf"), dtype=self.dtype, device=self.device))
 
-    def _rope_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """cos and sign-folded sin of every position ([max_positions, head_dim]), from the model's
-        own rotary embedding, once: a step looks its positions up instead of recomputing them. None
-        for RoPE types whose frequencies change with the sequence length (dynamic, longrope)."""
+    def _rope_table(self) -> torch.Tensor | None:
+        """cos and sign-folded sin of every position ([max_positions, 2, head_dim]), from the model's
+        own rotary embedding, once: a step looks its positions up (one lookup for both) instead of
+        recomputing them. None for RoPE types whose frequencies change with the sequence length
+        (dynamic, longrope)."""
         rotary = self.decoder.rotary_emb
         if any(kind in str(getattr(rotary, "rope_type", "default")) for kind in ("dynamic", "longrope")):
             return None
         with torch.no_grad():
             positions = torch.arange(self.max_positions, device=self.device)[None]
             cos, sin = rotary(torch.zeros((), dtype=self.dtype, device=self.device), positions)
-        return cos[0], self._fold_sign(sin[0])
+        return torch.stack((cos[0], self._fold_sign(sin[0])), dim=1)
 
     def _fold_sign(self, sin: torch.Tensor) -> torch.Tensor:
         """HF rotates by q * cos + rotate_half(q) * sin, rotate_half(q) = [-q2, q1]; with the sign
@@ -235,11 +240,10 @@ class DecoderRunner:
     def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and folded sin of the step's tokens, [N, 1, head_dim]."""
         if self.rope_table is not None:
-            cos, sin = (table.index_select(0, position_ids) for table in self.rope_table)
-        else:
-            cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
-            cos, sin = cos[0], self._fold_sign(sin[0])
-        return cos[:, None, :], sin[:, None, :]
+            both = self.rope_table.index_select(0, position_ids)
+            return both[:, :1], both[:, 1:]
+        cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
+        return cos[0][:, None, :], self._fold_sign(sin[0])[:, None, :]
 
     def _norm(self, norm: _Norm, x: torch.Tensor) -> torch.Tensor:
         if self.fused_norm:
@@ -447,14 +451,13 @@ class DecoderRunner:
         """[rows, 1, 1, length]: a row at position p attends keys 0..p of its slot (the last
         `window` of them with a sliding window). Bool for SDPA; on CPU the additive bias (0 or
         -inf) of `_attend`, made once per step instead of once per layer."""
-        key_pos = torch.arange(length, device=self.device)
+        key_pos = self._key_positions[:length] if length <= self.max_positions else torch.arange(length, device=self.device)
         mask = key_pos[None, :] <= positions[:, None]
         if self._windowed(length):
             mask &= key_pos[None, :] > positions[:, None] - self.window
-        mask = mask[:, None, None, :]
         if self.device.type != "cpu":
-            return mask
-        return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+            return mask[:, None, None, :]
+        return torch.where(mask, *self._bias_values)[:, None, None, :]  # the bias in one op, not three
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
