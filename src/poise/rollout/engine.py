@@ -35,7 +35,7 @@ bucket the tile's rows fall in, each over the whole tile), so attention reads th
 use, bucketed, not the whole context, and its shapes are a function of the row's position.
 
 Host syncs. A step makes the host wait for the device once: it reads the sampled tokens and
-logprobs, in one [rows, 2] copy, because the scheduler needs them to plan the next step (EOS, stop
+logprobs, in one [2, rows] copy, because the scheduler needs them to plan the next step (EOS, stop
 strings, budgets, which slots free up). Every copy to the device in a step (token ids, positions,
 slots, decode groups, output rows, noise rows, sampling keys: a few small copies a forward) goes
 through `rollout/transfer.py`, pinned and non-blocking, so on a GPU it costs a launch, not a wait.
@@ -264,14 +264,11 @@ class Engine:
         """A decode row for every running slot (in slot order), then admit queued requests; the
         caller adds the admitted requests' prefills."""
         running = sorted(self._slots)  # before admission: these decode
+        rows: list[_Sequence | None] = [self._slots[slot] for slot in running]
         admitted = self._admissions()
-        rows: list[_Sequence | None] = []
-        for slot in running:
-            seq = self._slots[slot]
-            rows.append(seq)
-            step.decode_slots.append(slot)
-            step.decode_tokens.append(seq.tokens[-1])
-            step.decode_positions.append(seq.cached)
+        step.decode_slots += running
+        step.decode_tokens += [seq.tokens[-1] for seq in rows]
+        step.decode_positions += [seq.cached for seq in rows]
         return step, rows, admitted
 
     def _step_packed(self) -> tuple[list[_Sequence | None], torch.Tensor]:
@@ -318,22 +315,22 @@ class Engine:
             padded = torch.zeros((tile, out.shape[1]), dtype=out.dtype, device=out.device)
             padded[0] = out[0]
             rows.append(seq)
-            logits.append(self._sample_pairs(padded, [seq] + [None] * (tile - 1))[:1])
+            logits.append(self._sample_pairs(padded, [seq] + [None] * (tile - 1))[:, :1])
         tokens, logprobs = self._read_samples(logits)
         return rows, tokens, logprobs
 
     def _sample_pairs(self, logits: torch.Tensor, members: list[_Sequence | None]) -> torch.Tensor:
-        """[rows, 2] float64 (token, logprob): both in one tensor, so the host reads them in one
-        copy. Exact: a token id is below 2^53 and a float32 is a float64."""
+        """[2, rows] float64 (tokens; logprobs): both in one tensor, so the host reads them in one
+        copy, as two lists. Exact: a token id is below 2^53 and a float32 is a float64."""
         tokens, logprobs = self._sample(logits, members)
-        return torch.stack([tokens.double(), logprobs.double()], dim=1)
+        return torch.stack([tokens.double(), logprobs.double()])
 
     @staticmethod
     def _read_samples(pairs: list[torch.Tensor]) -> tuple[list[int], list[float]]:
         """The step's one device-to-host read (and so its one host sync on a GPU): the tokens
         decide what the next step runs (EOS, stop strings, budgets), so the host waits for them."""
-        rows = torch.cat(pairs).tolist() if len(pairs) > 1 else pairs[0].tolist()
-        return [int(t) for t, _ in rows], [lp for _, lp in rows]
+        tokens, logprobs = torch.cat(pairs, dim=1).tolist() if len(pairs) > 1 else pairs[0].tolist()
+        return list(map(int, tokens)), logprobs
 
     def _sample(self, logits: torch.Tensor, members: list[_Sequence | None]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.sampling.temperature == 0:  # greedy draws no randomness: no keys to send

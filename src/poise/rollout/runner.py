@@ -168,6 +168,21 @@ def _linear(x: torch.Tensor, projection: tuple) -> torch.Tensor:
     return y + F.linear(F.linear(x, a), b) * scaling
 
 
+def _function_of(module: torch.nn.Module):
+    """The plain function a module's forward is, where it is exactly one (a module call costs ~5 us
+    more than the op at decode sizes, four of them a step): SiLU, an Embedding without max_norm, a
+    Linear; anything else (a LoRA wrapper, a kernel from the hub) stays the module."""
+    kind = type(module)
+    hf_silu = kind.__name__ == "SiLUActivation" and kind.forward.__qualname__ == "SiLUActivation.forward"
+    if kind is torch.nn.SiLU or hf_silu:
+        return F.silu
+    if kind is torch.nn.Embedding and module.max_norm is None:
+        return lambda ids: F.embedding(ids, module.weight)
+    if kind is torch.nn.Linear:
+        return lambda x: F.linear(x, module.weight, module.bias)
+    return module
+
+
 class _Layer:
     """A decoder layer's parameters, looked up once (a module attribute is a dict walk per
     access, ~80 of them per step): the Parameter objects themselves, which load_weights, the
@@ -180,7 +195,7 @@ class _Layer:
         self.q, self.k, self.v, self.o = (_projection(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj,
                                                                    attn.o_proj))
         self.gate, self.up, self.down = (_projection(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
-        self.act = mlp.act_fn
+        self.act = _function_of(mlp.act_fn)
 
 
 class DecoderRunner:
@@ -212,19 +227,25 @@ class DecoderRunner:
             type(m).__name__ in RMS_NORMS for m in norms + [self.decoder.norm])
         self._layers = [_Layer(layer) for layer in self.layers]
         self._final_norm = _Norm(self.decoder.norm)
+        self._embed, self._head = _function_of(self.decoder.embed_tokens), _function_of(model.lm_head)
         self.rope_table = self._rope_table()
+        # made once, not per step: the key positions a decode mask compares, and its two bias values
+        self._key_positions = torch.arange(self.max_positions, device=self.device)
+        self._bias_values = (torch.zeros((), dtype=self.dtype, device=self.device),
+                             torch.full((), float("-inf"), dtype=self.dtype, device=self.device))
 
-    def _rope_table(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """cos and sign-folded sin of every position ([max_positions, head_dim]), from the model's
-        own rotary embedding, once: a step looks its positions up instead of recomputing them. None
-        for RoPE types whose frequencies change with the sequence length (dynamic, longrope)."""
+    def _rope_table(self) -> torch.Tensor | None:
+        """cos and sign-folded sin of every position ([max_positions, 2, head_dim]), from the model's
+        own rotary embedding, once: a step looks its positions up (one lookup for both) instead of
+        recomputing them. None for RoPE types whose frequencies change with the sequence length
+        (dynamic, longrope)."""
         rotary = self.decoder.rotary_emb
         if any(kind in str(getattr(rotary, "rope_type", "default")) for kind in ("dynamic", "longrope")):
             return None
         with torch.no_grad():
             positions = torch.arange(self.max_positions, device=self.device)[None]
             cos, sin = rotary(torch.zeros((), dtype=self.dtype, device=self.device), positions)
-        return cos[0], self._fold_sign(sin[0])
+        return torch.stack((cos[0], self._fold_sign(sin[0])), dim=1)
 
     def _fold_sign(self, sin: torch.Tensor) -> torch.Tensor:
         """HF rotates by q * cos + rotate_half(q) * sin, rotate_half(q) = [-q2, q1]; with the sign
@@ -235,11 +256,10 @@ class DecoderRunner:
     def _rope(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and folded sin of the step's tokens, [N, 1, head_dim]."""
         if self.rope_table is not None:
-            cos, sin = (table.index_select(0, position_ids) for table in self.rope_table)
-        else:
-            cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
-            cos, sin = cos[0], self._fold_sign(sin[0])
-        return cos[:, None, :], sin[:, None, :]
+            both = self.rope_table.index_select(0, position_ids)
+            return both[:, :1], both[:, 1:]
+        cos, sin = self.decoder.rotary_emb(x, position_ids[None])  # [1, N, head_dim], HF's rope variants
+        return cos[0][:, None, :], self._fold_sign(sin[0])[:, None, :]
 
     def _norm(self, norm: _Norm, x: torch.Tensor) -> torch.Tensor:
         if self.fused_norm:
@@ -307,7 +327,7 @@ class DecoderRunner:
         # one host->device transfer for all per-token indices
         token_ids, position_ids, slot_ids = self._ids(tokens + positions + slots).view(3, n)
 
-        x = self.decoder.embed_tokens(token_ids)
+        x = self._embed(token_ids)
         cos, sin = self._rope(x, position_ids)
         heads, half = self.num_heads, self.head_dim // 2
         groups = self._decode_groups(step, position_ids[:n_decode], cache.shape.context) if n_decode else []
@@ -351,7 +371,7 @@ class DecoderRunner:
             rows.extend([0] * (-out_rows % step.row_quantum))
         if rows != list(range(n)):
             x = x.index_select(0, self._ids(rows))
-        return self.model.lm_head(self._norm(self._final_norm, x)).float()[:out_rows]
+        return self._head(self._norm(self._final_norm, x)).float()[:out_rows]
 
     def _dense_decode_rows(self, step: StepInputs, scratch: int) -> tuple[list[int], list[int], list[int]]:
         """(tokens, positions, write slots), one row for every attended slot."""
@@ -447,14 +467,15 @@ class DecoderRunner:
         """[rows, 1, 1, length]: a row at position p attends keys 0..p of its slot (the last
         `window` of them with a sliding window). Bool for SDPA; on CPU the additive bias (0 or
         -inf) of `_attend`, made once per step instead of once per layer."""
-        key_pos = torch.arange(length, device=self.device)
+        key_pos = self._key_positions[:length]
+        if length > self.max_positions:  # a cache longer than the model's positions (benchmarks may make one)
+            key_pos = torch.arange(length, device=self.device)
         mask = key_pos[None, :] <= positions[:, None]
         if self._windowed(length):
             mask &= key_pos[None, :] > positions[:, None] - self.window
-        mask = mask[:, None, None, :]
         if self.device.type != "cpu":
-            return mask
-        return torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+            return mask[:, None, None, :]
+        return torch.where(mask, *self._bias_values)[:, None, None, :]  # the bias in one op, not three
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
