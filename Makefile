@@ -30,8 +30,11 @@ env: $(VENV)/.core
 demo: env
 	$(BIN)/poise train configs/demo.yaml
 
+# Two pytest workers (the test files dealt out whole, so a module's shared runs stay in one worker):
+# much of a test's time is processes starting and Ray waiting, which overlaps on two cores.
+TEST_WORKERS ?= 2
 test: $(VENV)/.test
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # vLLM, the optional rollout backend (rollout.backend: vllm), in a venv of its own: vLLM pins its own
 # transformers (< 5.20 on CPU, < 5.21 on CUDA; .venv has the newest) and its torch. Where nvidia-smi
