@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from poise.training.progress import LINE_EVERY_S
+from terminal import as_from_a_terminal, terminal_env
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -30,7 +31,8 @@ JOB = ["run.progress=false", f"run.steps={STEPS}", "run.checkpoint_every=0", "pi
 
 def _start(run_dir: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "poise", "train", *JOB, f"run.dir={run_dir}", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=terminal_env(), preexec_fn=as_from_a_terminal)
 
 
 def _rows(run_dir: Path) -> list[dict]:

@@ -6,6 +6,8 @@ Ctrl-C came as a short run was exiting."""
 import subprocess
 import sys
 
+from terminal import as_from_a_terminal, terminal_env
+
 SCRIPT = """
 import atexit, os, signal, sys, time
 from poise import interrupt
@@ -27,7 +29,8 @@ sys.exit(interrupt.command(command) if {wrapped} else command())
 def _run(tmp_path, wrapped: bool, signals: int = 1):
     marker = tmp_path / "marker"
     code = SCRIPT.format(signals=signals, marker=str(marker), wrapped=wrapped)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=terminal_env(), preexec_fn=as_from_a_terminal)
     return done, marker.exists()
 
 
