@@ -121,8 +121,7 @@ class TrainConfig:
               "pipeline.max_staleness versions")
         for on, key, value, why in (
                 (self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, "set it false"),
-                (self.env.name is not None, "env.name", self.env.name, "drop env.name"),
-                (self.cluster.compute == "emulated", "cluster.compute", "emulated", "use cluster.compute=real")):
+                (self.env.name is not None, "env.name", self.env.name, "drop env.name")):
             check(not on, key, value, "is not built with partial rollouts (pipeline.partial_tokens > 0) yet; "
                                       f"{why} or set pipeline.partial_tokens=0")
 

@@ -79,6 +79,7 @@ class Phase:
     end: float  # the last window's end: the batch is ready
     lags: dict[int, int]  # trained tokens by version lag (trained version - token version)
     metrics: dict[str, float]
+    groups: list[tuple[int, int]]  # slot i's group: (origin step, prompt index), as the runtime's `draw`
 
 
 class PartialRollouts:
@@ -153,7 +154,7 @@ class PartialRollouts:
         metrics: dict[str, float] = {f"partial/staleness_{lag}": n for lag, n in sorted(lags.items())}
         metrics.update({"partial/carried_groups": len(self.pool), "partial/overprovisioned_groups": extra,
                         "partial/windows": windows})
-        return Phase(samples, finish, instance, end, lags, metrics)
+        return Phase(samples, finish, instance, end, lags, metrics, [(g.origin, g.index) for g in batch])
 
 
 __all__ = ["PartialRollouts", "Phase", "Group", "Rollout", "Generate"]
