@@ -60,8 +60,8 @@ def _batches(events: list[dict]) -> dict:
 
 
 def _partial_metrics(rows: list[dict]) -> list[dict]:
-    return [{k: float(v) for k, v in r.items() if k.startswith("partial/staleness_") or k == "partial/windows"}
-            for r in rows]
+    """Each step's partial/ metrics: tokens by lag, carried and waiting groups, windows."""
+    return [{k: float(v) for k, v in r.items() if k.startswith("partial/")} for r in rows]
 
 
 def _read(run_dir) -> tuple[list[dict], list[dict]]:
