@@ -61,7 +61,8 @@ def emulated_samples_per_s(devices: int, split: list[int], batch_cap: int, knobs
                                           f"cluster.batch_cap={batch_cap}", "cluster.batch_caps=[]"] + knobs)
     sim = Simulation(sc)
     sim.run()
-    d, run_dir = sc.dispatch, Path("runs") / f"bench-partial-emulated-{devices}-{'-'.join(k.split('=')[1] for k in knobs[1:])}"
+    d = sc.dispatch
+    run_dir = Path("runs") / f"bench-partial-emulated-{devices}-{'-'.join(k.split('=')[1] for k in knobs[1:])}"
     cfg = load_train_config(None, [
         "run.progress=false", f"run.steps={steps}", f"run.dir={run_dir}", "run.overwrite=true",
         "run.checkpoint_every=0", f"run.seed={sc.seed}", "cluster.compute=emulated", f"cluster.devices={devices}",
