@@ -98,3 +98,13 @@ def test_a_trace_scenario_is_refused_before_ray(tmp_path):
                                    f"emulation.overrides=[workload.trace={trace}]"])
     with pytest.raises(ConfigError, match="partial rollouts with a trace are not simulated"):
         Emulation.from_config(cfg)
+
+
+def test_overprovision_is_checked_against_the_scenarios_prompts(tmp_path):
+    """Emulated compute takes prompts per step from the scenario (64 in streamrl-pipeline, not the
+    algorithm section's 16): overprovision is held to the scenario's, when the emulation is built."""
+    base = [k for k in EMULATED if not k.startswith("emulation.overrides")] + [f"run.dir={tmp_path}"]
+    assert Emulation.from_config(load_train_config(None, [*base, "pipeline.overprovision=32"])).scenario.pipeline \
+        .overprovision == 32
+    with pytest.raises(ConfigError, match=r"pipeline.overprovision.*got 65.*workload.prompts_per_step \(64\)"):
+        Emulation.from_config(load_train_config(None, [*base, "pipeline.overprovision=65"]))
