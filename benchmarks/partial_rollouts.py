@@ -2,7 +2,7 @@
 pays on a long tail.
 
     .venv/bin/python benchmarks/partial_rollouts.py [--devices 16 8] [--steps 60] [--batch-cap 64]
-        [--emulated-devices 8] [--emulated-steps 20] [--warmup 3] [--time-scale 0.05]
+        [--emulated-devices 8] [--emulated-steps 20] [--warmup 3] [--time-scale 0.1]
 
 Scenario streamrl-pipeline (a 7B-like cost model and a long-tail reasoning mix: 64 prompts x 8
 samples a step, lognormal and Pareto lengths up to 16k tokens), pipeline.mode=async, each device
@@ -126,7 +126,7 @@ def main() -> int:
                     help="device counts (of --devices) whose staleness 1 and best staleness 2 also run emulated")
     ap.add_argument("--emulated-steps", type=int, default=20, help="steps of each emulated run")
     ap.add_argument("--warmup", type=int, default=3, help="emulated runs: steps left out of the figures")
-    ap.add_argument("--time-scale", type=float, default=0.05, help="emulated runs: wall seconds per modelled second")
+    ap.add_argument("--time-scale", type=float, default=0.1, help="emulated runs: wall seconds per modelled second")
     args = ap.parse_args()
     if not 1 <= args.warmup < args.emulated_steps:
         ap.error(f"--warmup {args.warmup}: give 1 .. --emulated-steps - 1 (figures start at the end of step warmup-1)")
