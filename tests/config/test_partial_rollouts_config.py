@@ -46,3 +46,9 @@ def test_staleness_zero_is_the_sync_loop_and_unset_is_one():
     assert cfg.pipeline.kind == load_train_config(None, ["pipeline.mode=sync"]).pipeline.kind == "stream"
     assert load_train_config(None, ["pipeline.mode=async"]).pipeline.staleness == 1
     assert load_train_config(None, ["pipeline.mode=async", "pipeline.max_staleness=1"]).pipeline.kind == "async"
+
+
+def test_emulated_compute_runs_partial_rollouts():
+    cfg = load_train_config(None, [*PARTIAL, "pipeline.partial_tokens=4", "pipeline.max_staleness=2",
+                                   "pipeline.overprovision=1", "cluster.compute=emulated"])
+    assert cfg.pipeline.partial and cfg.cluster.compute == "emulated"

@@ -61,7 +61,8 @@ def test_windows_forced_finish_and_batches_by_hand() -> None:
     assert [s.sample_id for s in p0.samples] == [(0, 0, 0)] and p0.samples[0].output_length == 3
     assert p0.samples[0].prompt.prompt_id == "s0-p1"  # the extra group, relabelled to slot 0
     assert (p0.end, p0.finish, p0.lags) == (4.0, [3.0], {0: 3})
-    assert p0.metrics == {"partial/staleness_0": 3, "partial/carried_groups": 1,
+    # no batch group from an earlier step; (0,0) waits in the pool
+    assert p0.metrics == {"partial/staleness_0": 3, "partial/carried_groups": 0,
                           "partial/overprovisioned_groups": 1, "partial/windows": 1}
     # step 1, still version 0 (async): (0,0) carries on, re-prefilled with its 4 tokens; (1,0) is new and trains.
     p1 = pr.phase(1, 0, 4.0, gen)
@@ -72,7 +73,8 @@ def test_windows_forced_finish_and_batches_by_hand() -> None:
     assert gen.windows[-1] == [((2, 0, 0), 18, 2), ((2, 1, 0), 10, 4)]
     assert p2.samples[0].prompt.prompt_id == "s0-p0" and p2.samples[0].output_length == 10
     assert p2.lags == {2: 8, 1: 2}  # 8 tokens of version 0 and 2 of version 1, trained at step 2
-    assert p2.metrics["partial/overprovisioned_groups"] == 0 and p2.finish == [10.0]
+    assert p2.metrics["partial/carried_groups"] == 1 and p2.metrics["partial/overprovisioned_groups"] == 1
+    assert p2.finish == [10.0]
     # step 3, version 2: (2,0) (first token version 1) is forced to its end; (3,0) takes a window.
     p3 = pr.phase(3, 2, 12.0, gen)
     assert gen.windows[-1] == [((3, 0, 0), 14, 2), ((3, 1, 0), 10, 4)]

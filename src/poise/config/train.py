@@ -115,14 +115,15 @@ class TrainConfig:
               f"pipeline.partial_tokens={self.pipeline.partial_tokens} trains tokens of several weights versions, "
               "which needs the decoupled objective: set algorithm.old_logprobs=recompute (and rollout_is=token)")
         p = self.pipeline
-        check(p.overprovision <= self.algorithm.prompts_per_step, "pipeline.overprovision", p.overprovision,
+        # emulated compute takes its prompts per step from the scenario, which checks this when it loads
+        check(self.cluster.compute == "emulated" or p.overprovision <= self.algorithm.prompts_per_step,
+              "pipeline.overprovision", p.overprovision,
               f"must be <= algorithm.prompts_per_step ({self.algorithm.prompts_per_step}): the surplus groups that "
               "must finish in a step have to fit in its batch, or their tokens would lag more than "
               "pipeline.max_staleness versions")
         for on, key, value, why in (
                 (self.algorithm.dynamic_sampling, "algorithm.dynamic_sampling", True, "set it false"),
-                (self.env.name is not None, "env.name", self.env.name, "drop env.name"),
-                (self.cluster.compute == "emulated", "cluster.compute", "emulated", "use cluster.compute=real")):
+                (self.env.name is not None, "env.name", self.env.name, "drop env.name")):
             check(not on, key, value, "is not built with partial rollouts (pipeline.partial_tokens > 0) yet; "
                                       f"{why} or set pipeline.partial_tokens=0")
 

@@ -16,7 +16,8 @@ update and sync fan-outs and the driver loop. What a device would compute is a s
     EmulatedSync     a weight sync sleeps `cost.sync_s()`.
     Emulation        the driver's side: the scenario's prompts, prompt sizes and rewards, the
                      config's dispatch policy and ranker (`build_dispatch`, as the simulator
-                     builds them), and the split the allocator picks for it.
+                     builds them), and the split the allocator picks for it. Partial rollouts'
+                     over-provisioned groups are the simulator's extra groups (`draws`).
 
 Sleeps are cost-model seconds times `emulation.time_scale`, so a run's wall times divided by the
 scale are directly comparable with `poise simulate` of the same scenario (the simulator is linear
@@ -74,14 +75,20 @@ class EmulatedSpec:
 
 
 class _Lengths:
-    """Output length of each sample id, from the scenario workload (deterministic per step)."""
+    """Output length of each sample id, from the scenario workload (deterministic per step); an
+    over-provisioned group's (prompt index >= prompts_per_step, pipeline.overprovision) is the
+    simulator's extra group of that id (`workload.extra_groups`), so both generate the same work."""
 
     def __init__(self, sc: ScenarioConfig):
         self._workload = make_workload(sc.workload, sc.seed)
+        self._prompts = sc.workload.prompts_per_step
         self._steps: dict[int, dict[SampleId, int]] = {}
+        self._extra: dict[tuple[int, int], dict[SampleId, int]] = {}  # (step, prompt index) -> lengths
 
     def __call__(self, sid: SampleId) -> int:
         step = sid[0]
+        if sid[1] >= self._prompts:
+            return self._extra_length(sid)
         if step not in self._steps:
             if len(self._steps) >= 4:  # at most two steps are in flight (async); keep a few
                 del self._steps[min(self._steps)]
@@ -92,6 +99,15 @@ class _Lengths:
             raise KeyError(f"sample {sid} is not in step {step} of the scenario workload "
                            f"({len(self._steps[step])} samples); the driver and the workers disagree "
                            "on emulation.scenario") from None
+
+    def _extra_length(self, sid: SampleId) -> int:
+        group = (sid[0], sid[1])
+        if group not in self._extra:
+            if len(self._extra) >= 1024:  # partial rollouts keep a few steps' extra groups in flight
+                del self._extra[next(iter(self._extra))]
+            self._extra[group] = {s.sample_id: s.output_length
+                                  for s in self._workload.extra_groups(sid[0], [sid[1]])}  # type: ignore[union-attr]
+        return self._extra[group][sid]
 
 
 @dataclass
@@ -370,6 +386,12 @@ def emulated_roles(rank: int, spec: EmulatedSpec, num_slots: int, engine_call):
 
 # ---- driver side ------------------------------------------------------------------------------
 
+def _problem(prompt: Prompt) -> Problem:
+    """The driver's Problem record of a scenario prompt (no text: the workload is lengths only)."""
+    family = next((k.split("=", 1)[1] for k in prompt.features if k.startswith("family=")), "trace")
+    return Problem(prompt.prompt_id, family, "", "", "emulated")
+
+
 class _ScenarioDispatcher:
     """The dispatcher, seeing the scenario's own Prompts (features, token counts) for the
     service's prompt ids; the service plans per prompt (all G samples on one instance)."""
@@ -411,6 +433,7 @@ class Emulation:
     device_spec: EmulatedSpec
     prompts: dict[str, Prompt] = field(default_factory=dict)  # prompt id -> the scenario's Prompt
     oracle: dict[str, float] = field(default_factory=dict)  # prompt id -> mean length (oracle ranker)
+    _problems: dict[int, list[Problem]] = field(default_factory=dict, repr=False)  # step -> problems (recent)
 
     @classmethod
     def from_config(cls, cfg, resume: bool = False) -> "Emulation":
@@ -457,9 +480,11 @@ class Emulation:
         s = Simulation(sc).split
         return s.rollout, s.train
 
-    # --- the driver's three data hooks ----------------------------------------------------------
+    # --- the driver's data hooks ----------------------------------------------------------------
     def problems(self, step: int) -> list[Problem]:
         """Step `step`'s prompts, one per prompt index, as the driver's Problem records."""
+        if step in self._problems:
+            return list(self._problems[step])
         samples = self.workload.step(step)
         by_prompt: dict[int, list[int]] = {}
         out: list[Problem] = []
@@ -467,11 +492,27 @@ class Emulation:
             by_prompt.setdefault(s.sample_id[1], []).append(s.output_length)
             if s.sample_id[2] == 0:
                 self.prompts[s.prompt.prompt_id] = s.prompt
-                family = next((k.split("=", 1)[1] for k in s.prompt.features if k.startswith("family=")), "trace")
-                out.append(Problem(s.prompt.prompt_id, family, "", "", "emulated"))
+                out.append(_problem(s.prompt))
         for i, lengths in by_prompt.items():
             self.oracle[out[i].uid] = sum(lengths) / len(lengths)
+        if len(self._problems) >= 8:  # partial rollouts ask for a few recent steps' problems, again and again
+            del self._problems[min(self._problems)]
+        self._problems[step] = out
         return out
+
+    def draws(self, step: int, indices: list[int]) -> list[Problem]:
+        """The problems of prompt groups `indices` of step `step`: index < prompts_per_step is the
+        step's own prompt, a later one (pipeline.overprovision) the scenario's extra group of that id,
+        the one the simulator draws (`workload.extra_groups`), so both generate the same work."""
+        own = self.problems(step) if any(i < self.cfg.algorithm.prompts_per_step for i in indices) else []
+        return [own[i] if i < len(own) else self._extra_problem(step, i) for i in indices]
+
+    def _extra_problem(self, step: int, index: int) -> Problem:
+        group = self.workload.extra_groups(step, [index])  # type: ignore[union-attr] - partial needs parametric
+        prompt = group[0].prompt
+        self.prompts[prompt.prompt_id] = prompt
+        self.oracle.setdefault(prompt.prompt_id, sum(s.output_length for s in group) / len(group))
+        return _problem(prompt)
 
     def prompt_ids(self, problem: Problem) -> tuple[int, ...]:
         """A prompt of the scenario's length: the engine prefills and holds that many tokens."""

@@ -56,7 +56,7 @@ from poise.policy.split import Split, parse_splits
 from poise.policy.turns import episode_times
 from poise.runlog import RunLog
 from poise.schema import dump
-from poise.sim.partial import PartialRollouts
+from poise.sim.partial import PartialRollouts, Phase
 from poise.sim.pricing import make_cost
 from poise.sim.scenario import ScenarioConfig
 from poise.sim.summary import StepRecord, Summary, measured_break_even
@@ -194,7 +194,7 @@ class Simulation:
                              sum(s.output_length for s in samples), resized, len(batch[0]))
             self.records.append(rec)
             self._account(rec)
-            self._log_step(rec, samples, finish, instance_of, version, phase.metrics if phase else {})
+            self._log_step(rec, samples, finish, instance_of, version, phase)
             decision = self.maybe_resize(rec, samples)
             self.maybe_scale(rec)
             if decision is not None and decision.action == "resize":
@@ -536,13 +536,15 @@ class Simulation:
         self._role_time["train"] += rec.split.train * rec.step_s
 
     def _log_step(self, rec: StepRecord, samples: list[SimSample], finish: list[float],
-                  instance_of: list[int], version: int, extra_metrics: dict[str, float]) -> None:
+                  instance_of: list[int], version: int, phase: Phase | None) -> None:
         lens = [s.output_length for s in samples]
+        extra_metrics = phase.metrics if phase is not None else {}
         if self.sc.log.samples:
             for i, (s, f, inst) in enumerate(zip(samples, finish, instance_of)):
-                extra = {}
+                # partial rollouts: the slot's group (origin step, prompt index), as the runtime logs it
+                extra: dict = {"draw": list(phase.groups[s.sample_id[1]])} if phase is not None else {}
                 if i in self._partial:  # aborted by a resize and resumed elsewhere
-                    extra = {"aborted_on": self._partial[i][0], "resumed_after_tokens": self._partial[i][1]}
+                    extra.update(aborted_on=self._partial[i][0], resumed_after_tokens=self._partial[i][1])
                 self.log.event("sample", f, id=list(s.sample_id), step=rec.step, prompt_id=s.prompt.prompt_id,
                                output_length=s.output_length, weights_version=version, instance=inst,
                                submit=rec.gen_start, finish=f, **extra)

@@ -79,6 +79,7 @@ class Phase:
     end: float  # the last window's end: the batch is ready
     lags: dict[int, int]  # trained tokens by version lag (trained version - token version)
     metrics: dict[str, float]
+    groups: list[tuple[int, int]]  # slot i's group: (origin step, prompt index), as the runtime's `draw`
 
 
 class PartialRollouts:
@@ -98,11 +99,11 @@ class PartialRollouts:
         first = r.versions[0][0] if r.versions else v
         return rest if first <= v - (self.staleness - 1) else min(rest, self.window)
 
-    def top_up(self, k: int) -> int:
-        """Start step k's new groups; returns how many are over-provisioned."""
+    def top_up(self, k: int) -> None:
+        """Start step k's new groups."""
         n = self.prompts + self.overprovision - len(self.pool)
         if n <= 0:
-            return 0
+            return
         new = [s for s in self.source.step(k) if s.sample_id[1] < min(n, self.prompts)]
         new += self.source.extra_groups(k, list(range(self.prompts, n)))
         groups: dict[int, list[Rollout]] = {}
@@ -110,7 +111,6 @@ class PartialRollouts:
             groups.setdefault(s.sample_id[1], []).append(Rollout(s))
         self.pool += [Group(k, i, sorted(m, key=lambda r: r.sample.sample_id[2])) for i, m in sorted(groups.items())]
         self.pool.sort(key=lambda g: (g.origin, g.index))
-        return max(0, n - self.prompts)
 
     def run_window(self, k: int, v: int, start: float, generate: Generate) -> float:
         """One window at version v from `start` over every unfinished sample; returns its end."""
@@ -133,7 +133,7 @@ class PartialRollouts:
 
     def phase(self, k: int, v: int, start: float, generate: Generate) -> Phase:
         """Step k's phase at weights version v from `start`: top up, windows, the batch."""
-        extra = self.top_up(k)
+        self.top_up(k)
         end = self.run_window(k, v, start, generate)
         windows = 1
         while sum(g.complete for g in self.pool) < self.prompts and any(not g.complete for g in self.pool):
@@ -151,9 +151,11 @@ class PartialRollouts:
                 for version, n in r.versions:
                     lags[k - version] = lags.get(k - version, 0) + n
         metrics: dict[str, float] = {f"partial/staleness_{lag}": n for lag, n in sorted(lags.items())}
-        metrics.update({"partial/carried_groups": len(self.pool), "partial/overprovisioned_groups": extra,
+        # as the runtime's rows (docs/partial-rollouts.md): batch groups from an earlier step, groups left waiting
+        metrics.update({"partial/carried_groups": sum(g.origin < k for g in batch),
+                        "partial/overprovisioned_groups": len(self.pool),
                         "partial/windows": windows})
-        return Phase(samples, finish, instance, end, lags, metrics)
+        return Phase(samples, finish, instance, end, lags, metrics, [(g.origin, g.index) for g in batch])
 
 
 __all__ = ["PartialRollouts", "Phase", "Group", "Rollout", "Generate"]
