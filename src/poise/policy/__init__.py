@@ -13,6 +13,7 @@ random state (tests/policy/test_purity.py imports this package with those blocke
   devices.py     DeviceType (presets h20, h800, h100, a100), Link, Fleet: device types, groups
                  (datacenters) and links; Fleet.place prices each role on its type
   decision.py    Decision: a controller's hold or move after a step, with its reason and estimate
+  hysteresis.py  Hysteresis: the cooldown and consecutive-signal rules both controllers apply
   controller.py  ResizeController / StaticSplit .observe(StepObservation) -> ResizeDecision
                  (DynaResize §3.4); both satisfy the ResizePolicy protocol
   scale.py       ScaleController / ScheduledJoins / StaticPool .observe(ScaleObservation, now)

@@ -24,7 +24,8 @@ that is wrong by a constant factor still ranks splits correctly. The signal is t
 imbalance between stage times; ours is equivalent for the async pipeline (where the step is
 the slower stage) and also right for sync, where balancing stages is not the goal.
 
-The filters, in the order they are applied (each can hold the split, with its reason):
+The filters, in the order they are applied (each can hold the split, with its reason; the
+cooldown and the consecutive count are policy/hysteresis.py's, shared with scale.py):
   cooldown     no resize within `cooldown_steps` steps of the previous one
   threshold    predicted gain below `threshold` of the current step time: balanced
   consecutive  the signal must point the same way (more rollout / more train) `consecutive`
@@ -51,6 +52,7 @@ from poise.config.policy import ControllerConfig, ResizeConfig
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
 from poise.policy.decision import Decision
+from poise.policy.hysteresis import Hysteresis
 from poise.policy.split import Split, parse_splits
 from poise.policy.turns import EpisodeWork
 from poise.schema import check
@@ -154,10 +156,7 @@ class ResizeController:
         self.devices_per_instance = devices_per_instance
         self.batch_cap = batch_cap
         self.micro_batches = micro_batches
-        self.last_resize_step: int | None = None
-        self._run_dir = 0  # +1 more rollout, -1 more train: direction of the current signal run
-        self._run_len = 0
-        self._run_start_t = 0.0
+        self.hysteresis = Hysteresis(cfg.cooldown_steps, cfg.consecutive)
         self._regime: Split | None = None
         self._regime_start = 0
         self.ended_regimes: list[int] = []
@@ -228,31 +227,24 @@ class ResizeController:
         # the controller would never resize.
         persistence = float(max(typical - age, age))
 
-        # Consecutive signals count by direction (more rollout or more train), so a target
+        # Consecutive signals count by direction (+1 more rollout, -1 more train), so a target
         # that wavers between two neighbouring splits still builds up the count.
         direction = (best.rollout > obs.split.rollout) - (best.rollout < obs.split.rollout)
-        if signal and direction == self._run_dir:
-            self._run_len += 1
-        elif signal:
-            self._run_dir, self._run_len, self._run_start_t = direction, 1, obs.now - obs.step_s
-        else:
-            self._run_dir, self._run_len = 0, 0
+        self.hysteresis.count(signal, direction, obs.now - obs.step_s)
         break_even = cost_s / gain if gain > 0 else None
 
         def decide(action: str, reason: str) -> ResizeDecision:
             return Decision(obs.step, obs.now, action, obs.split, best if action == "resize" else obs.split,  # type: ignore[arg-type]
                             reason, ResizeEstimate(gain, cost_s, break_even, persistence, table), signal)
 
-        if self.last_resize_step is not None and obs.step - self.last_resize_step <= cfg.cooldown_steps:
-            return decide("hold", f"cooldown: {obs.step - self.last_resize_step} of "
-                                  f"{cfg.cooldown_steps} steps since the last resize")
+        if cooling := self.hysteresis.cooldown(obs.step, "resize"):
+            return decide("hold", cooling)
         if not signal:
             return decide("hold", f"balanced: best split {best} predicts {gain:.3g}s/step gain "
                                   f"({gain / cur_s if cur_s else 0:.0%}) < threshold {cfg.threshold:.0%}")
-        if self._run_len < cfg.consecutive:
-            return decide("hold", f"signal {self._run_len}/{cfg.consecutive} toward {best} "
-                                  f"({gain:.3g}s/step)")
-        lasted = obs.now - self._run_start_t
+        if short_run := self.hysteresis.short_run():
+            return decide("hold", f"{short_run} toward {best} ({gain:.3g}s/step)")
+        lasted = obs.now - self.hysteresis.run_start
         if lasted < cfg.dwell_s:
             return decide("hold", f"dwell: signal toward {best} has lasted {lasted:.0f}s of "
                                   f"{cfg.dwell_s:.0f}s")
@@ -260,8 +252,7 @@ class ResizeController:
             return decide("hold", f"break-even: resize to {best} costs {cost_s:.3g}s = "
                                   f"{break_even:.1f} steps of {gain:.3g}s gain, expect "
                                   f"{persistence:.1f} more steps of this regime")
-        self.last_resize_step = obs.step
-        self._run_dir, self._run_len = 0, 0
+        self.hysteresis.moved(obs.step)
         self._recent.clear()  # observations at the old split say little about the new one
         return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.3g}s -> {preds[best]:.3g}s "
                                 f"per step, {self.resize_cost.mode} resize {cost_s:.3g}s pays back in "

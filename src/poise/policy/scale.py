@@ -40,6 +40,7 @@ from typing import ClassVar, Protocol
 
 from poise.config.policy import ScaleConfig
 from poise.policy.decision import Decision
+from poise.policy.hysteresis import Hysteresis
 
 
 
@@ -123,33 +124,30 @@ class ScaleController:
         self.cfg = cfg
         self.limit = limit
         self.added = 0
-        self.last_join_step: int | None = None
-        self._run_len = 0
+        self.hysteresis = Hysteresis(cfg.cooldown_steps, cfg.consecutive)
 
     def observe(self, obs: ScaleObservation, now: float) -> ScaleDecision:
         cfg = self.cfg
         lag = _lag(obs)
         signal = lag > cfg.threshold
-        self._run_len = self._run_len + 1 if signal else 0
+        self.hysteresis.count(signal)
 
         def decide(action: str, reason: str, add: int = 0) -> ScaleDecision:
             return Decision(obs.step, now, action, obs.instances, obs.instances + add, reason,  # type: ignore[arg-type]
                             ScaleEstimate(lag, _gain(obs, max(1, add))), signal)
 
-        if self.last_join_step is not None and obs.step - self.last_join_step <= cfg.cooldown_steps:
-            return decide("hold", f"cooldown: {obs.step - self.last_join_step} of {cfg.cooldown_steps} "
-                                  f"steps since the last join (generation lags {lag:+.0%})")
+        if cooling := self.hysteresis.cooldown(obs.step, "join"):
+            return decide("hold", f"{cooling} (generation lags {lag:+.0%})")
         if not signal:
             return decide("hold", f"generation keeps up: rollout {obs.rollout_s:.1f}s vs train "
                                   f"{obs.train_s:.1f}s ({lag:+.0%}, threshold +{cfg.threshold:.0%})")
-        if self._run_len < cfg.consecutive:
-            return decide("hold", f"generation lags {lag:+.0%}: signal {self._run_len}/{cfg.consecutive}")
+        if short_run := self.hysteresis.short_run():
+            return decide("hold", f"generation lags {lag:+.0%}: {short_run}")
         if self.added >= self.limit:
             return decide("hold", f"generation lags {lag:+.0%} but the reserve is spent "
                                   f"({self.added} of {self.limit} instances added)")
         self.added += 1
-        self.last_join_step = obs.step
-        self._run_len = 0
+        self.hysteresis.moved(obs.step)
         return decide("add", f"generation lags training by {lag:.0%} for {cfg.consecutive} steps "
                              f"(rollout {obs.rollout_s:.1f}s vs train {obs.train_s:.1f}s): "
                              f"{obs.instances} -> {obs.instances + 1} instances", 1)
