@@ -41,7 +41,7 @@ class TorchTrainShard:
         if index in self._held:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
         self._held.add(index)
-        return self._record(result, start, self.state.keep_gradient(index, flat))
+        return self._record(result, start, self.state.gradients.keep_gradient(index, flat))
 
     def _record(self, result, start: float, held_grads: int) -> dict:
         """What the driver logs of one micro-batch (its stats, its interval, the gradients held)."""
@@ -61,14 +61,14 @@ class TorchTrainShard:
         # communicator: the round's collectives wait for it, so two communicators never run at once
         # (NCCL can hang when two threads use two communicators in an order the ranks do not share)
         self._barrier_s += self.wait_optimizer_transfer()
-        consumer = self.state.begin_round(ranks, index)
+        consumer = self.state.gradients.begin_round(ranks, index)
         try:
             if index is None:
                 samples, advantages = stand_in(self.trainer.pad_id), [0.0]
             result = self.trainer.micro_batch_grad(-1 if index is None else index, samples,
                                                    torch.tensor(advantages, dtype=torch.float32), consumer)
         finally:
-            self.state.end_round()
+            self.state.gradients.end_round()
         if index is None:
             return None
         self._held.add(index)
@@ -98,7 +98,7 @@ class TorchTrainShard:
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
         self._take_held(indices)
-        self.state.contribute(num_micro_batches, indices, ranks, rows)
+        self.state.gradients.contribute(num_micro_batches, indices, ranks, rows)
         return {"start": start, "end": time.time(), "device": self.rank}
 
     def _take_held(self, indices: list[int]) -> None:

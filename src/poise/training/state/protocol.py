@@ -33,8 +33,11 @@ class Transfer(Protocol):
     def run(self) -> None: ...
 
 
-class StateStrategy(Protocol):
-    # ---- gradients and the update --------------------------------------------------------------
+class GradientExchange(Protocol):
+    """How a train device's micro-batch gradients reach the reduction: held here until the update
+    (`none`, `optimizer`: exchange.py's `HeldGradients`), or sent to their owners during lockstep
+    rounds (`full`: `ParameterShards`)."""
+
     def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
         """Fold micro-batch `index`'s flat gradient into what this device holds; returns the
         gradients (tree nodes) held. Refused where micro-batches run in rounds."""
@@ -47,14 +50,26 @@ class StateStrategy(Protocol):
 
     def end_round(self) -> None: ...
 
+    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
+        """`pipeline.assist`: a rollout device's part of the reduction; no step. Refused where
+        gradients go to their owners during the rounds."""
+        ...
+
+
+def refused(rank: int, asked: str, holds: str, instead: str) -> RuntimeError:
+    """The error of a call a mode does not serve (a runtime bug, never the user's): what device `rank`
+    was `asked`, how its state `holds` (the mode's words), what serves `instead`."""
+    return RuntimeError(f"device {rank}: {asked}, but {holds}: {instead}")
+
+
+class StateStrategy(Protocol):
+    # ---- gradients and the update --------------------------------------------------------------
+    gradients: GradientExchange
+
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
         """Reduce the mini-batch's m micro-batch gradients (`indices` computed here) over `ranks`
         and step; returns the gradient norm and the traffic (bytes received, of what)."""
-        ...
-
-    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
-        """`pipeline.assist`: a rollout device's part of the reduction; no step."""
         ...
 
     # ---- checkpoints ------------------------------------------------------------------------
