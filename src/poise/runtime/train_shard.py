@@ -115,22 +115,22 @@ class TorchTrainShard:
         what each device holds of the weights after it. Returns the most weight bytes it held at
         once and the weight bytes it received."""
         self.wait_optimizer_transfer()  # its collectives never beside a transfer still on its own thread
-        return self.state.gather_weights(new_ranks)
+        return self.state.weights.reshard(new_ranks)
 
     def shard_weights(self, ranks: list[int]) -> None:
         """A device joining the trainer (it holds the whole model, as a rollout device) keeps what
         it holds among train devices `ranks`; no collective."""
-        self.state.shard_weights(ranks)
+        self.state.weights.shard_over(ranks)
 
     def adopt(self, ranks: list[int]) -> None:
         """The model was loaded with this device's part among train devices `ranks` alone."""
-        self.state.adopt(ranks)
+        self.state.weights.adopt(ranks)
 
     def transfer_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """Start sending (rank == src) or receiving the whole optimizer state over the cached group
         of `ranks`, in the background; the next update or checkpoint waits for it."""
         self.wait_optimizer_transfer()
-        self._transfer = _InBackground(self.state.copy_optimizer(src, ranks, buffer_bytes),
+        self._transfer = _InBackground(self.state.optimizer_transfers.copy(src, ranks, buffer_bytes),
                                        f"device {self.rank}: optimizer transfer from device {src}")
 
     def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> None:
@@ -138,7 +138,7 @@ class TorchTrainShard:
         owner among `old_ranks` to its owner among `new_ranks`, in the background (DynaResize's
         optimizer migration through a bounded buffer); the next update or checkpoint waits for it."""
         self.wait_optimizer_transfer()
-        self._transfer = _InBackground(self.state.reshard_optimizer(old_ranks, new_ranks, buffer_bytes),
+        self._transfer = _InBackground(self.state.optimizer_transfers.reshard(old_ranks, new_ranks, buffer_bytes),
                                        f"device {self.rank}: optimizer reshard {sorted(old_ranks)} -> "
                                        f"{sorted(new_ranks)}")
 

@@ -15,12 +15,12 @@ import torch
 from poise.training.checkpoint import TrainState, has_optimizer_state, load_checkpoint
 from poise.training.state.checkpoint_stream import CheckpointStream
 from poise.training.state.digest import weights_digest
-from poise.training.state.optimizer_sharded import (RESHARDS, owned_names, parameter_names, save_sharded,
-                                                    send_sharded_part)
+from poise.training.state.optimizer_sharded import owned_names, parameter_names, save_sharded, send_sharded_part
 from poise.training.state.owned_optimizer import OwnedOptimizer
 from poise.training.state.parameter_shards import ParameterShards
 from poise.training.state.placement import owner_runs
-from poise.training.state.protocol import Transfer, refused
+from poise.training.state.protocol import refused
+from poise.training.state.transfer import OwnedStateTransfers
 from poise.training.trainer import GradientConsumer
 
 
@@ -35,6 +35,8 @@ class FullySharded:
         self.shards = ParameterShards(trainer, comm, device, rank, bitwise)
         self.gradients = LockstepRounds(self.shards, rank)
         self.owned = OwnedOptimizer(trainer, rank)
+        self.optimizer_transfers = OwnedStateTransfers(rank, trainer, comm, device, self.owned, HOLDS)
+        self.weights = self.shards
         self.stream = CheckpointStream(rank, trainer, self.names, comm, device)
 
     def _sharded(self) -> ParameterShards | None:
@@ -87,23 +89,6 @@ class FullySharded:
             before_collective()
             return self.shards.digest(self.names)
         return weights_digest(self.trainer.model)
-
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int):
-        raise refused(self.rank, "a copy of the whole optimizer state", HOLDS, RESHARDS)
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
-        return self.owned.reshard(self.comm, self.device, old_ranks, new_ranks, buffer_bytes)
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        """A device leaving for rollout takes the whole model, one that stays its run among
-        `new_ranks` alone (`ParameterShards.reshard`)."""
-        return self.shards.reshard(new_ranks)
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        self.shards.shard_over(ranks)
-
-    def adopt(self, ranks: list[int]) -> None:
-        self.shards.adopt(ranks)
 
     def drop_optimizer(self) -> None:
         if self._sharded() is not None:

@@ -16,13 +16,12 @@ from poise.training.state.checkpoint_stream import CheckpointStream
 from poise.training.state.digest import weights_digest
 from poise.training.state.exchange import HeldGradients
 from poise.training.state.owned_optimizer import OwnedOptimizer
-from poise.training.state.placement import element_bounds, gather_runs, owner_runs
-from poise.training.state.protocol import Transfer, refused
+from poise.training.state.placement import WholeWeights, element_bounds, gather_runs, owner_runs
+from poise.training.state.transfer import OwnedStateTransfers
 from poise.training.trainer import param_views
 
 
 HOLDS = "only its optimizer state is sharded (cluster.shard optimizer)"  # the mode's words in what it refuses
-RESHARDS = "a resize reshards it (reshard_optimizer)"  # what serves a sharded state instead of a copy
 
 
 class OptimizerSharded:
@@ -32,6 +31,8 @@ class OptimizerSharded:
         self.names = parameter_names(trainer)
         self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm, HOLDS)
         self.owned = OwnedOptimizer(trainer, rank)
+        self.optimizer_transfers = OwnedStateTransfers(rank, trainer, comm, device, self.owned, HOLDS)
+        self.weights = WholeWeights(rank, HOLDS)
         self.stream = CheckpointStream(rank, trainer, self.names, comm, device)
 
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
@@ -71,21 +72,6 @@ class OptimizerSharded:
 
     def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
-
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int):
-        raise refused(self.rank, "a copy of the whole optimizer state", HOLDS, RESHARDS)
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
-        return self.owned.reshard(self.comm, self.device, old_ranks, new_ranks, buffer_bytes)
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        return 0, 0  # every device holds the whole model
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        return None
-
-    def adopt(self, ranks: list[int]) -> None:
-        raise refused(self.rank, "started with a part of the weights", HOLDS, "it needs the whole model")
 
     def drop_optimizer(self) -> None:
         self.trainer.optimizer.state.clear()

@@ -1,6 +1,5 @@
 """The AdamW state of an owner's run (`cluster.shard: optimizer | full`): the check that an owner
-steps with exactly its own state, the owner's clip and step, and its reshard on a live resize.
-Both sharded states compose it.
+steps with exactly its own state, and the owner's clip and step. Both sharded states compose it.
 """
 
 from __future__ import annotations
@@ -8,7 +7,6 @@ from __future__ import annotations
 import torch
 
 from poise.training.state.placement import gather_ragged
-from poise.training.state.transfer import OptimizerReshard
 
 
 class OwnedOptimizer:
@@ -39,13 +37,6 @@ class OwnedOptimizer:
                                          lambda mine: gather_ragged(mine, counts, me, group))
         self.stepped = True
         return norm, 4 * max(counts) * len(runs)
-
-    def reshard(self, comm, device: torch.device, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int
-                ) -> OptimizerReshard:
-        """A live resize: each parameter's state from its owner among `old_ranks` to its owner among
-        `new_ranks` (transfer.py)."""
-        return OptimizerReshard(self.rank, self.trainer, comm, device, self, sorted(old_ranks), sorted(new_ranks),
-                                buffer_bytes)
 
 
 def _spans(indices: list[int]) -> str:

@@ -62,6 +62,39 @@ def refused(rank: int, asked: str, holds: str, instead: str) -> RuntimeError:
     return RuntimeError(f"device {rank}: {asked}, but {holds}: {instead}")
 
 
+class OptimizerTransfers(Protocol):
+    """How the optimizer state moves on a live resize: copied whole to the joiners (`none`:
+    transfer.py `WholeStateTransfers`), or handed between owners (`optimizer`, `full`:
+    `OwnedStateTransfers`). Each refuses the other."""
+
+    def copy(self, src: int, ranks: list[int], buffer_bytes: int) -> Transfer:
+        """Replicated state: the whole optimizer state from `src` to the other `ranks`."""
+        ...
+
+    def reshard(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
+        """Sharded state: each parameter's state from its owner among `old_ranks` to its owner among
+        `new_ranks`."""
+        ...
+
+
+class WeightPlacement(Protocol):
+    """Where the weights sit around a live resize: whole on every device (`none`, `optimizer`:
+    placement.py `WholeWeights`), or each train device's run alone (`full`: `ParameterShards`)."""
+
+    def reshard(self, new_ranks: list[int]) -> tuple[int, int]:
+        """Before a resize (collective over the old train group): the weights a device needs after
+        it; returns the most weight bytes held at once and the weight bytes received."""
+        ...
+
+    def shard_over(self, ranks: list[int]) -> None:
+        """A device joining the trainer keeps the weights it holds there among `ranks`."""
+        ...
+
+    def adopt(self, ranks: list[int]) -> None:
+        """The model was loaded with this device's part among `ranks` alone."""
+        ...
+
+
 class StateStrategy(Protocol):
     # ---- gradients and the update --------------------------------------------------------------
     gradients: GradientExchange
@@ -92,27 +125,8 @@ class StateStrategy(Protocol):
         ...
 
     # ---- a live resize ------------------------------------------------------------------------
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> Transfer:
-        """Replicated state: the whole optimizer state from `src` to the other `ranks`."""
-        ...
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
-        """Sharded state: each parameter's state from its owner among `old_ranks` to its owner among
-        `new_ranks`."""
-        ...
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        """Before a resize (collective over the old train group): the weights a device needs after
-        it; returns the most weight bytes held at once and the weight bytes received."""
-        ...
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        """A device joining the trainer keeps the weights it holds there among `ranks`."""
-        ...
-
-    def adopt(self, ranks: list[int]) -> None:
-        """The model was loaded with this device's part among `ranks` alone."""
-        ...
+    optimizer_transfers: OptimizerTransfers
+    weights: WeightPlacement
 
     def drop_optimizer(self) -> None:
         """Leaving the trainer: free the optimizer state."""

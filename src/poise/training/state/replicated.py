@@ -13,7 +13,8 @@ from poise.training.checkpoint import TrainState, load_checkpoint, save_checkpoi
 from poise.training.state.digest import weights_digest
 from poise.training.state.exchange import HeldGradients
 from poise.training.state.protocol import refused
-from poise.training.state.transfer import OptimizerTransfer
+from poise.training.state.placement import WholeWeights
+from poise.training.state.transfer import WholeStateTransfers
 from poise.training.trainer import param_views
 
 
@@ -24,6 +25,8 @@ class Replicated:
     def __init__(self, trainer, comm, device: torch.device, rank: int, bitwise: bool) -> None:
         self.trainer, self.comm, self.device, self.rank = trainer, comm, device, rank
         self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm, HOLDS)
+        self.optimizer_transfers = WholeStateTransfers(rank, trainer, comm, device, HOLDS)
+        self.weights = WholeWeights(rank, HOLDS)
 
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
@@ -49,22 +52,6 @@ class Replicated:
 
     def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
-
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> OptimizerTransfer:
-        return OptimizerTransfer(self.rank, src, self.comm.get(ranks), self.trainer, buffer_bytes, self.device)
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int):
-        raise refused(self.rank, "an optimizer reshard", HOLDS,
-                      "a joining device copies the whole state (copy_optimizer)")
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        return 0, 0  # every device holds the whole model
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        return None
-
-    def adopt(self, ranks: list[int]) -> None:
-        raise refused(self.rank, "started with a part of the weights", HOLDS, "it needs the whole model")
 
     def drop_optimizer(self) -> None:
         self.trainer.optimizer.state.clear()
