@@ -12,8 +12,8 @@ import torch
 from poise.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from poise.training.state.digest import weights_digest
 from poise.training.state.exchange import HeldGradients
-from poise.training.state.protocol import refused
 from poise.training.state.placement import WholeWeights
+from poise.training.state.protocol import refused
 from poise.training.state.transfer import WholeStateTransfers
 from poise.training.trainer import param_views
 
