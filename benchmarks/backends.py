@@ -77,7 +77,7 @@ def run_once(engine, requests: list[Request], round_: int) -> dict:
     for r in requests:
         engine.submit(r)
     first, tokens = None, 0
-    while not engine.idle:
+    while not engine.occupancy.idle:
         finished = engine.step()
         if finished and first is None:
             first = time.perf_counter() - start

@@ -150,7 +150,8 @@ class MeteredEngine:
         self.busy_s = self.slot_s = 0.0
 
     def step(self):
-        live = min(self.slots, self.engine.num_running + self.engine.num_queued)  # the batch after admission
+        occupancy = self.engine.occupancy
+        live = min(self.slots, occupancy.running + occupancy.queued)  # the batch after admission
         t0 = time.perf_counter()
         out = self.engine.step()
         dt = time.perf_counter() - t0
@@ -191,7 +192,7 @@ def real(episodes: dict[SampleId, EpisodeWork], prompts: int, group: int, slots:
 
     hand_out([], 0)
     while runner.active:
-        if not engine.idle:
+        if not engine.occupancy.idle:
             done = metered.step()
             if done:
                 runner.turns_done(done)

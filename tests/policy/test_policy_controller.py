@@ -32,9 +32,9 @@ def test_consecutive_signals_then_resize_with_reason():
     d = [ctl.observe(obs(k, Split(6, 2), *imbalanced())) for k in range(3)]
     assert [x.action for x in d] == ["hold", "hold", "resize"]
     assert "signal 1/3" in d[0].reason and "signal 2/3" in d[1].reason
-    assert d[2].to_split == Split(4, 4) and "6:2 -> 4:4" in d[2].reason
-    assert d[2].predicted_gain_s == pytest.approx(16.0 - 8.0, rel=0.1)
-    assert d[2].break_even_steps == pytest.approx(50.0 / d[2].predicted_gain_s)
+    assert d[2].target == Split(4, 4) and "6:2 -> 4:4" in d[2].reason
+    assert d[2].estimate.predicted_gain_s == pytest.approx(16.0 - 8.0, rel=0.1)
+    assert d[2].estimate.break_even_steps == pytest.approx(50.0 / d[2].estimate.predicted_gain_s)
 
 
 def test_cooldown_holds_after_a_resize():
@@ -63,11 +63,11 @@ def test_break_even_uses_observed_regime_length():
     d = ctl.observe(obs(2, Split(4, 4), 4.0, 12.0))
     assert d.signal and d.action == "hold" and d.reason.startswith("break-even"), d.reason
     assert ctl.ended_regimes == [2]
-    assert d.predicted_gain_s == pytest.approx(4.0, rel=0.1)
+    assert d.estimate.predicted_gain_s == pytest.approx(4.0, rel=0.1)
     # With no regime ended yet the prior (20 steps) makes the same resize pay.
     fresh = ResizeController(cfg, COST, "async", "live", ALLOWED, batch_cap=8)
     d = fresh.observe(obs(0, Split(4, 4), 4.0, 12.0))
-    assert d.action == "resize" and d.to_split == Split(2, 6)
+    assert d.action == "resize" and d.target == Split(2, 6)
 
 
 def test_dwell_time_holds():
@@ -110,8 +110,8 @@ def test_break_even_prices_the_next_resize_at_the_measured_one():
                            persistence_prior_steps=5)
     ctl = ResizeController(cfg, COST, "async", "live", ALLOWED, batch_cap=8)
     held = ctl.observe(obs(0, Split(4, 4), 4.0, 12.0))  # 4 s/step x 5 steps < 50 s
-    assert held.action == "hold" and held.reason.startswith("break-even") and held.predicted_cost_s == 50.0
+    assert held.action == "hold" and held.reason.startswith("break-even") and held.estimate.predicted_cost_s == 50.0
     ctl.resized(0.5)
     d = ctl.observe(obs(1, Split(4, 4), 4.0, 12.0))
-    assert d.action == "resize" and d.predicted_cost_s == 0.5 and "resize 0.5s pays back" in d.reason
+    assert d.action == "resize" and d.estimate.predicted_cost_s == 0.5 and "resize 0.5s pays back" in d.reason
     assert set(d.event_fields()["predicted_step_s"]) == {"2:6", "4:4", "6:2"}

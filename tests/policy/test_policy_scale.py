@@ -16,7 +16,7 @@ def _drive(ctl, lags, instances: int = 4) -> list:
     for k, lag in enumerate(lags):
         d = ctl.observe(_obs(k, lag, instances), now=10.0 * k)
         out.append(d)
-        instances = d.to_instances
+        instances = d.target
     return out
 
 
@@ -26,7 +26,7 @@ def test_adds_after_consecutive_lagging_steps_only():
     assert [d.action for d in ds] == ["hold"] * 5 + ["add"]
     assert [d.signal for d in ds] == [True, True, False, True, True, True]
     add = ds[-1]
-    assert (add.from_instances, add.to_instances, add.add) == (4, 5, 1)
+    assert (add.current, add.target) == (4, 5)
     assert "lags training by 50%" in add.reason and "4 -> 5" in add.reason
     assert add.now == 50.0 and add.step == 5
     assert add.event_fields()["what"] == "scale" and add.event_fields()["to"] == 5
@@ -45,7 +45,7 @@ def test_cooldown_holds_after_a_join_then_adds_again():
     ds = _drive(ctl, [0.5] * 9)
     assert [d.action for d in ds] == ["add", "hold", "hold", "hold", "add", "hold", "hold", "hold", "add"]
     assert ds[1].reason.startswith("cooldown: 1 of 3")
-    assert [d.to_instances for d in ds if d.action == "add"] == [5, 6, 7]
+    assert [d.target for d in ds if d.action == "add"] == [5, 6, 7]
 
 
 def test_reserve_caps_the_joins():
@@ -60,10 +60,10 @@ def test_reserve_caps_the_joins():
 def test_predicted_gain_is_bounded_by_the_train_time():
     ctl = ScaleController(ScaleConfig(policy="controller", consecutive=1), limit=4)
     d = ctl.observe(ScaleObservation(0, 12.0, 10.0, 2), 0.0)  # 3 instances: 8 s, but the step waits on train
-    assert d.action == "add" and d.predicted_gain_s == pytest.approx(2.0)
+    assert d.action == "add" and d.estimate.predicted_gain_s == pytest.approx(2.0)
     d = ScaleController(ScaleConfig(policy="controller", consecutive=1), 4).observe(
         ScaleObservation(0, 40.0, 10.0, 1), 0.0)
-    assert d.predicted_gain_s == pytest.approx(20.0)
+    assert d.estimate.predicted_gain_s == pytest.approx(20.0)
 
 
 def test_schedule_and_static():
@@ -72,7 +72,7 @@ def test_schedule_and_static():
     ctl = make_scale_policy(cfg, reserve_instances=3)
     assert isinstance(ctl, ScheduledJoins)
     ds = _drive(ctl, [0.0] * 6, instances=2)
-    assert [(d.step, d.to_instances) for d in ds if d.action == "add"] == [(1, 4), (4, 5)]
+    assert [(d.step, d.target) for d in ds if d.action == "add"] == [(1, 4), (4, 5)]
     static = make_scale_policy(ScaleConfig(), 4)
     assert isinstance(static, StaticPool) and not ScaleConfig().active
     assert all(d.action == "hold" for d in _drive(static, [5.0] * 4))

@@ -13,6 +13,7 @@ from poise.errors import PoiseError
 from poise.rollout import engine as engine_module
 from poise.rollout import weights as weights_module
 from poise.rollout.engine import Engine, EngineBusyError, EngineConfig, RequestError, WeightsError
+from poise.rollout.occupancy import Occupancy
 from poise.rollout.runner import DecoderRunner, key_bucket
 from poise.rollout.sampling import NoiseTable, SamplingConfig
 from poise.types import Request
@@ -92,13 +93,13 @@ def test_samples_stream_out_as_they_finish(qwen2):
     eng.submit(Request((1, 1, 0), [8, 9], 2))
     eng.submit(Request((1, 2, 0), [10], 3))  # queued until a slot frees
     first = eng.step()
-    assert first == [] and eng.num_running == 2 and eng.num_queued == 1
+    assert first == [] and eng.occupancy == Occupancy(running=2, queued=1)
     second = eng.step()
     assert [s.sample_id for s in second] == [(1, 1, 0)]  # the short one leaves after 2 tokens
     assert seen == second
     rest = list(eng.stream())
     assert [s.sample_id for s in rest] == [(1, 2, 0), (1, 0, 0)]  # the queued one took the freed slot
-    assert eng.idle and [s.sample_id for s in seen] == [(1, 1, 0), (1, 2, 0), (1, 0, 0)]
+    assert eng.occupancy.idle and [s.sample_id for s in seen] == [(1, 1, 0), (1, 2, 0), (1, 0, 0)]
     for s in seen:
         assert s.finish_reason == "length" and len(s.token_ids) == len(s.logprobs) == s.max_new_tokens
         assert s.weights_version == 5 and s.finish_time > s.submit_time
@@ -295,7 +296,7 @@ def test_a_step_reads_the_device_once_and_copies_to_it_without_waiting(qwen2, mo
     monkeypatch.setattr(torch, "tensor", lambda *a, **k: (k.get("device") is None or waited.append(k["device"]),
                                                           tensor(*a, **k))[1])
     steps = 0
-    while not eng.idle:
+    while not eng.occupancy.idle:
         eng.step()
         steps += 1
     monkeypatch.undo()
@@ -321,7 +322,7 @@ def test_abort_and_resume_on_another_engine_equals_the_uninterrupted_run(qwen2, 
     for _ in range(6):
         done += first.step()
     partials = first.abort()
-    assert first.idle and {p.finish_reason for p in partials} == {"abort"}
+    assert first.occupancy.idle and {p.finish_reason for p in partials} == {"abort"}
     assert any(p.token_ids for p in partials) and any(not p.token_ids for p in partials)  # running and queued
     assert len(done) + len(partials) == len(reqs)
 
@@ -365,11 +366,11 @@ def test_resume_refuses_a_partial_from_other_weights(qwen2):
     other = Engine(qwen2, EngineConfig(num_slots=2), STOCHASTIC, seed=7, eos_id=None, weights_version=3)
     with pytest.raises(RequestError, match="version 0 .* version 3"):
         other.resume([partial])
-    assert other.idle
+    assert other.occupancy.idle
     fine = Engine(qwen2, EngineConfig(num_slots=2), STOCHASTIC, seed=7, eos_id=None)
     with pytest.raises(RequestError, match="only aborted"):  # all or nothing
         fine.resume([partial, dataclasses.replace(partial, sample_id=(0, 1, 0), finish_reason="length")])
-    assert fine.idle
+    assert fine.occupancy.idle
     fine.resume([partial])
     assert len(list(fine.stream())) == 1
 
@@ -466,7 +467,7 @@ def test_generate_checks_every_request_before_running_any(qwen2):
     eng = engine(qwen2, num_slots=3)
     with pytest.raises(RequestError, match=r"\(0, 1, 0\)"):
         eng.generate([Request((0, 0, 0), [4]), Request((0, 1, 0), [4], 0)])
-    assert eng.idle and eng.steps == 0
+    assert eng.occupancy.idle and eng.steps == 0
     assert len(eng.generate([Request((0, 0, 0), [4], 3)])) == 1  # the good id is free again
 
 
@@ -484,9 +485,9 @@ def test_prefill_budget_spreads_admissions_over_steps(qwen2):
     for i in range(4):
         eng.submit(Request((0, i, 0), [4] * 6, 5))  # 6-token prompts: one admission per step fits
     eng.step()
-    assert eng.num_running == 1 and eng.num_queued == 3
+    assert eng.occupancy == Occupancy(running=1, queued=3)
     eng.step()
-    assert eng.num_running == 2
+    assert eng.occupancy.running == 2
     assert len(list(eng.stream())) == 4 and eng.tokens_generated == 20
 
 

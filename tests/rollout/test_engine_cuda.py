@@ -99,7 +99,7 @@ def test_a_decode_step_syncs_the_host_at_most_once_on_cuda(qwen2, invariant):
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            while not eng.idle:
+            while not eng.occupancy.idle:
                 eng.step()
                 steps += 1
         finally:

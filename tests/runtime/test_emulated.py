@@ -54,7 +54,7 @@ def test_emulated_engine_sleeps_what_the_simulator_prices():
     for i in range(50):
         engine.submit(Request((0, i, 0), [0] * prompt_lens[i]))
     finish = {}
-    while not engine.idle:
+    while not engine.occupancy.idle:
         for s in engine.step():
             finish[s.sample_id[1]] = s.finish_time
             assert len(s.token_ids) == lengths[s.sample_id[1]]

@@ -16,7 +16,7 @@ def _fresh(i: int) -> Sample:
 
 def _drain(engine) -> dict:
     out = {}
-    while not engine.idle:
+    while not engine.occupancy.idle:
         out.update((s.sample_id[1], s) for s in engine.step())
     return out
 

@@ -33,7 +33,7 @@ def test_every_request_comes_back_once_under_the_cap():
     step = engine.step
 
     def watched_step():  # the cap holds inside the engine itself
-        peak.append(engine.num_running + engine.num_queued)
+        peak.append(engine.occupancy.running + engine.occupancy.queued)
         return step()
 
     engine.step = watched_step
@@ -94,7 +94,7 @@ def test_abort_mid_generation_hands_every_sequence_on_exactly_once():
     first = EngineLoop(EmulatedEngine(CostModel(), lengths.__getitem__, 8, time_scale=1.0))
     first.submit([Request(sid, (1, 2, 3)) for sid in lengths], cap=6)
     # mid-generation by engine progress, not by a wall-clock sleep: one step done, >= 3 running
-    _wait_for(lambda: first.steps >= 1 and first.engine.num_running >= 3)
+    _wait_for(lambda: first.steps >= 1 and first.engine.occupancy.running >= 3)
     before = first.steps
     finished, partials, pending = first.abort()
     assert first.steps - before <= 1, f"abort waited {first.steps - before} engine steps"

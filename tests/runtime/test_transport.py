@@ -311,7 +311,7 @@ def test_a_full_shard_round_waits_for_a_reshard_on_its_own_thread():
 
     shard._transfer = type("Transfer", (), {})()
     shard._transfer.task = BackgroundTask(transfer, "a reshard")
-    shard.state.begin_round = begin_round
+    shard.state.gradients.begin_round = begin_round
     with pytest.raises(RuntimeError, match="stop here"):
         shard.train_round(0, [], [1.0], [0, 1])
     assert seen == ["reshard done", "round collectives"], seen

@@ -29,14 +29,14 @@ def engine():
     eng = VllmEngine(model, EngineConfig(backend="vllm", num_slots=8, max_context=64),
                      SamplingConfig(temperature=1.0, max_new_tokens=24), seed=0, eos_id=EOS)
     yield eng
-    if eng.idle:
+    if eng.occupancy.idle:
         eng.release()
 
 
 def _drain(eng) -> tuple[list, list[int]]:
     """Every sample, and the engine step at which each finished (in the order they came)."""
     out, at = [], []
-    while not eng.idle:
+    while not eng.occupancy.idle:
         finished = eng.step()
         out += finished
         at += [eng.steps] * len(finished)
@@ -83,7 +83,7 @@ def test_abort_hands_on_partials_that_resume_to_whole_samples(engine):
         if engine._live and min(len(r.tokens) for r in engine._live.values()) >= 2:
             break
     partials = engine.abort()
-    assert engine.idle
+    assert engine.occupancy.idle
     assert sorted(s.sample_id for s in partials + early) == [(1, i, 0) for i in range(4)]
     assert len(partials) >= 2
     assert all(p.finish_reason == "abort" and len(p.logprobs) == len(p.token_ids) >= 2 for p in partials)

@@ -12,7 +12,9 @@ random state (tests/policy/test_purity.py imports this package with those blocke
                  plan_devices(): per-type split for a budget, by throughput per dollar (§7.3)
   devices.py     DeviceType (presets h20, h800, h100, a100), Link, Fleet: device types, groups
                  (datacenters) and links; Fleet.place prices each role on its type
-  controller.py  ResizeController / StaticSplit .observe(StepObservation) -> Decision
+  decision.py    Decision: a controller's hold or move after a step, with its reason and estimate
+  hysteresis.py  Hysteresis: the cooldown and consecutive-signal rules both controllers apply
+  controller.py  ResizeController / StaticSplit .observe(StepObservation) -> ResizeDecision
                  (DynaResize §3.4); both satisfy the ResizePolicy protocol
   scale.py       ScaleController / ScheduledJoins / StaticPool .observe(ScaleObservation, now)
                  -> ScaleDecision: reserve devices join as rollout instances (StreamRL §4.2)
@@ -33,8 +35,9 @@ modules here import them from there, a layer down.
 from poise.policy.allocator import (Allocation, DevicePlan, DeviceSplit, StepPrediction, StepWorkload, allocate,
                                     plan_devices, predict_step)
 from poise.policy.devices import PRESETS, DeviceType, Fleet, Link
-from poise.policy.controller import (NO_HYSTERESIS, ControllerConfig, Decision, ResizeController,
-                                     ResizePolicy, StaticSplit, StepObservation)
+from poise.policy.controller import (NO_HYSTERESIS, ControllerConfig, ResizeController, ResizeDecision,
+                                     ResizeEstimate, ResizePolicy, StaticSplit, StepObservation)
+from poise.policy.decision import Decision
 from poise.policy.cost import CostConfig, CostModel, ContinuousBatch, ResizeCost, instance_finish_times
 from poise.policy.dispatch import (DispatchConfig, DispatchPlan, Dispatcher, InstanceInfo, LeastLoadedDispatcher,
                                    RandomDispatcher, RoundRobinDispatcher, SkewAwareDispatcher,
@@ -42,8 +45,8 @@ from poise.policy.dispatch import (DispatchConfig, DispatchPlan, Dispatcher, Ins
 from poise.policy.rankers import (Finished, HistoryRanker, LearnedRanker, LengthRanker,
                                   OracleRanker, Prompt, RandomRanker, make_ranker, recall_at)
 from poise.policy.pipeline import PipelineConfig, pipeline_kind, weights_version
-from poise.policy.scale import (ScaleConfig, ScaleController, ScaleDecision, ScaleObservation, ScalePolicy,
-                                ScheduledJoins, StaticPool, make_scale_policy)
+from poise.policy.scale import (ScaleConfig, ScaleController, ScaleDecision, ScaleEstimate, ScaleObservation,
+                                ScalePolicy, ScheduledJoins, StaticPool, make_scale_policy)
 from poise.policy.plan import MiniBatch, MicroStats, StepPlan, plan_step, step_stats
 from poise.policy.split import Split, all_splits
 from poise.policy.turns import EpisodeTimes, EpisodeWork, episode_times
@@ -51,16 +54,16 @@ from poise.policy.turns import EpisodeTimes, EpisodeWork, episode_times
 __all__ = [
     "DevicePlan", "DeviceSplit", "plan_devices", "PRESETS", "DeviceType", "Fleet", "Link",
     "Allocation", "StepPrediction", "StepWorkload", "allocate", "predict_step",
-    "NO_HYSTERESIS", "ControllerConfig", "Decision", "ResizeController", "ResizePolicy",
-    "StaticSplit", "StepObservation",
+    "NO_HYSTERESIS", "ControllerConfig", "Decision", "ResizeController", "ResizeDecision", "ResizeEstimate",
+    "ResizePolicy", "StaticSplit", "StepObservation",
     "CostConfig", "CostModel", "ContinuousBatch", "ResizeCost", "instance_finish_times",
     "DispatchConfig", "DispatchPlan", "Dispatcher", "InstanceInfo", "LeastLoadedDispatcher", "RandomDispatcher",
     "RoundRobinDispatcher", "SkewAwareDispatcher", "build_dispatch", "make_dispatcher",
     "Finished", "HistoryRanker", "LearnedRanker", "LengthRanker", "OracleRanker", "Prompt",
     "RandomRanker", "make_ranker", "recall_at", "Split", "all_splits",
     "PipelineConfig", "pipeline_kind", "weights_version",
-    "ScaleConfig", "ScaleController", "ScaleDecision", "ScaleObservation", "ScalePolicy", "ScheduledJoins",
-    "StaticPool", "make_scale_policy",
+    "ScaleConfig", "ScaleController", "ScaleDecision", "ScaleEstimate", "ScaleObservation", "ScalePolicy",
+    "ScheduledJoins", "StaticPool", "make_scale_policy",
     "MiniBatch", "MicroStats", "StepPlan", "plan_step", "step_stats",
     "EpisodeTimes", "EpisodeWork", "episode_times",
 ]

@@ -8,13 +8,14 @@ Interface (runtime driver, simulator):
                            devices_per_instance=1, batch_cap=64)
     decision = ctl.observe(StepObservation(step, now, split, rollout_s, train_s, step_s,
                                            output_lengths, prompt_len))
-    if decision.action == "resize": apply decision.to_split   # the controller assumes it is applied
+    if decision.action == "resize": apply decision.target   # the controller assumes it is applied
 
 The driver should not call `observe` for the step that absorbed a resize (it mixes two splits);
 the cooldown holds anyway.
 
-Every `Decision` carries a human-readable `reason`, the predicted gain per step, the predicted
-resize cost and the break-even step count, and is logged as a `decision` event.
+Every decision (policy/decision.py) carries a human-readable `reason` and a `ResizeEstimate`: the
+predicted gain per step, the predicted resize cost and the break-even step count; it is logged as
+a `decision` event.
 
 The signal. The cost model prices every allowed split on each step's output lengths (averaged
 over the last `window` steps); its stage times are calibrated to the observed ones (observed /
@@ -23,7 +24,8 @@ that is wrong by a constant factor still ranks splits correctly. The signal is t
 imbalance between stage times; ours is equivalent for the async pipeline (where the step is
 the slower stage) and also right for sync, where balancing stages is not the goal.
 
-The filters, in the order they are applied (each can hold the split, with its reason):
+The filters, in the order they are applied (each can hold the split, with its reason; the
+cooldown and the consecutive count are policy/hysteresis.py's, shared with scale.py):
   cooldown     no resize within `cooldown_steps` steps of the previous one
   threshold    predicted gain below `threshold` of the current step time: balanced
   consecutive  the signal must point the same way (more rollout / more train) `consecutive`
@@ -44,11 +46,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 from poise.config.policy import ControllerConfig, ResizeConfig
 from poise.policy.allocator import StepWorkload, compose_step, predict_step
 from poise.policy.cost import CostModel
+from poise.policy.decision import Decision
+from poise.policy.hysteresis import Hysteresis
 from poise.policy.split import Split, parse_splits
 from poise.policy.turns import EpisodeWork
 from poise.schema import check
@@ -63,13 +67,14 @@ class ScheduledResizes:
     def __init__(self, schedule: dict[int, Split]):
         self.schedule = dict(schedule)
 
-    def observe(self, obs: StepObservation) -> Decision:
+    def observe(self, obs: StepObservation) -> ResizeDecision:
         target = self.schedule.get(obs.step + 1)
         if target is None or target == obs.split:
-            return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "no resize scheduled")
+            return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "no resize scheduled",
+                            ResizeEstimate())
         return Decision(obs.step, obs.now, "resize", obs.split, target,
                         f"resize.schedule: step {obs.step + 1} runs on {target.rollout}+{target.train}",
-                        signal=True)
+                        ResizeEstimate(), signal=True)
 
     def resized(self, critical_path_s: float) -> None:
         pass
@@ -97,14 +102,11 @@ class StepObservation:
 
 
 @dataclass(frozen=True)
-class Decision:
-    step: int
-    now: float
-    action: Literal["hold", "resize"]
-    from_split: Split
-    to_split: Split
-    reason: str
-    signal: bool = False
+class ResizeEstimate:
+    """What the resize controller predicted when it decided (the hold of a static split or a
+    schedule predicts nothing)."""
+
+    what: ClassVar[str] = "resize"
     predicted_gain_s: float = 0.0  # per step, best split vs current
     predicted_cost_s: float = 0.0  # resize critical path
     break_even_steps: float | None = None
@@ -112,20 +114,20 @@ class Decision:
     predictions: dict[str, float] = field(default_factory=dict)  # split -> predicted step s
 
     def event_fields(self) -> dict:
-        """The `decision` event of docs/events.md."""
-        return {"what": "resize", "action": self.action, "step": self.step,
-                "from": self.from_split.as_list(), "to": self.to_split.as_list(),
-                "reason": self.reason, "predicted_gain_s": self.predicted_gain_s,
-                "predicted_cost_s": self.predicted_cost_s, "break_even_steps": self.break_even_steps,
+        return {"predicted_gain_s": self.predicted_gain_s, "predicted_cost_s": self.predicted_cost_s,
+                "break_even_steps": self.break_even_steps,
                 "expected_persistence_steps": self.expected_persistence_steps,
                 "predicted_step_s": dict(self.predictions)}
+
+
+ResizeDecision = Decision[Split, ResizeEstimate]
 
 
 class ResizePolicy(Protocol):
     """What a driver calls once per step: `ResizeController` or `StaticSplit`; and after each
     resize, with what its critical path measured."""
 
-    def observe(self, obs: StepObservation) -> Decision: ...
+    def observe(self, obs: StepObservation) -> ResizeDecision: ...
 
     def resized(self, critical_path_s: float) -> None: ...
 
@@ -133,8 +135,8 @@ class ResizePolicy(Protocol):
 class StaticSplit:
     """Never resizes (the static baseline), with the same interface as the controller."""
 
-    def observe(self, obs: StepObservation) -> Decision:
-        return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "static split")
+    def observe(self, obs: StepObservation) -> ResizeDecision:
+        return Decision(obs.step, obs.now, "hold", obs.split, obs.split, "static split", ResizeEstimate())
 
     def resized(self, critical_path_s: float) -> None:
         pass
@@ -154,10 +156,7 @@ class ResizeController:
         self.devices_per_instance = devices_per_instance
         self.batch_cap = batch_cap
         self.micro_batches = micro_batches
-        self.last_resize_step: int | None = None
-        self._run_dir = 0  # +1 more rollout, -1 more train: direction of the current signal run
-        self._run_len = 0
-        self._run_start_t = 0.0
+        self.hysteresis = Hysteresis(cfg.cooldown_steps, cfg.consecutive)
         self._regime: Split | None = None
         self._regime_start = 0
         self.ended_regimes: list[int] = []
@@ -202,7 +201,7 @@ class ResizeController:
         keys = set(self.allowed) | {obs.split}
         return {s: sum(p.get(s, math.inf) for p in self._recent) / len(self._recent) for s in keys}
 
-    def observe(self, obs: StepObservation) -> Decision:
+    def observe(self, obs: StepObservation) -> ResizeDecision:
         cfg = self.cfg
         preds = self._smoothed(obs)
         cur_s = preds[obs.split]
@@ -228,31 +227,24 @@ class ResizeController:
         # the controller would never resize.
         persistence = float(max(typical - age, age))
 
-        # Consecutive signals count by direction (more rollout or more train), so a target
+        # Consecutive signals count by direction (+1 more rollout, -1 more train), so a target
         # that wavers between two neighbouring splits still builds up the count.
         direction = (best.rollout > obs.split.rollout) - (best.rollout < obs.split.rollout)
-        if signal and direction == self._run_dir:
-            self._run_len += 1
-        elif signal:
-            self._run_dir, self._run_len, self._run_start_t = direction, 1, obs.now - obs.step_s
-        else:
-            self._run_dir, self._run_len = 0, 0
+        self.hysteresis.count(signal, direction, obs.now - obs.step_s)
         break_even = cost_s / gain if gain > 0 else None
 
-        def decide(action: str, reason: str) -> Decision:
+        def decide(action: str, reason: str) -> ResizeDecision:
             return Decision(obs.step, obs.now, action, obs.split, best if action == "resize" else obs.split,  # type: ignore[arg-type]
-                            reason, signal, gain, cost_s, break_even, persistence, table)
+                            reason, ResizeEstimate(gain, cost_s, break_even, persistence, table), signal)
 
-        if self.last_resize_step is not None and obs.step - self.last_resize_step <= cfg.cooldown_steps:
-            return decide("hold", f"cooldown: {obs.step - self.last_resize_step} of "
-                                  f"{cfg.cooldown_steps} steps since the last resize")
+        if cooling := self.hysteresis.cooldown(obs.step, "resize"):
+            return decide("hold", cooling)
         if not signal:
             return decide("hold", f"balanced: best split {best} predicts {gain:.3g}s/step gain "
                                   f"({gain / cur_s if cur_s else 0:.0%}) < threshold {cfg.threshold:.0%}")
-        if self._run_len < cfg.consecutive:
-            return decide("hold", f"signal {self._run_len}/{cfg.consecutive} toward {best} "
-                                  f"({gain:.3g}s/step)")
-        lasted = obs.now - self._run_start_t
+        if short_run := self.hysteresis.short_run():
+            return decide("hold", f"{short_run} toward {best} ({gain:.3g}s/step)")
+        lasted = obs.now - self.hysteresis.run_start
         if lasted < cfg.dwell_s:
             return decide("hold", f"dwell: signal toward {best} has lasted {lasted:.0f}s of "
                                   f"{cfg.dwell_s:.0f}s")
@@ -260,8 +252,7 @@ class ResizeController:
             return decide("hold", f"break-even: resize to {best} costs {cost_s:.3g}s = "
                                   f"{break_even:.1f} steps of {gain:.3g}s gain, expect "
                                   f"{persistence:.1f} more steps of this regime")
-        self.last_resize_step = obs.step
-        self._run_dir, self._run_len = 0, 0
+        self.hysteresis.moved(obs.step)
         self._recent.clear()  # observations at the old split say little about the new one
         return decide("resize", f"{obs.split} -> {best}: predicted {cur_s:.3g}s -> {preds[best]:.3g}s "
                                 f"per step, {self.resize_cost.mode} resize {cost_s:.3g}s pays back in "

@@ -5,7 +5,7 @@ Interface (runtime driver, simulator):
 
     scaler = make_scale_policy(ScaleConfig(policy="controller"), reserve_instances=2)
     decision = scaler.observe(ScaleObservation(step, rollout_s, train_s, instances), now)
-    if decision.action == "add": join decision.add instances   # the policy assumes it is applied
+    if decision.action == "add": join decision.target - decision.current instances  # assumed applied
 
 The signal. Generation lags training when the step's generation span exceeds the train side's
 busy time by more than `threshold`: lag = rollout_s / train_s - 1. In async (one-step
@@ -36,9 +36,11 @@ Departure from the paper: a join is never undone here (StreamRL does not describ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import ClassVar, Protocol
 
 from poise.config.policy import ScaleConfig
+from poise.policy.decision import Decision
+from poise.policy.hysteresis import Hysteresis
 
 
 
@@ -61,26 +63,19 @@ class ScaleObservation:
 
 
 @dataclass(frozen=True)
-class ScaleDecision:
-    step: int
-    now: float
-    action: Literal["hold", "add"]
-    from_instances: int
-    to_instances: int
-    reason: str
-    signal: bool = False
+class ScaleEstimate:
+    """What the scale policy measured and predicted when it decided."""
+
+    what: ClassVar[str] = "scale"
     lag: float = 0.0  # rollout_s / train_s - 1
     predicted_gain_s: float = 0.0  # per step, if generation scales with instances (an upper bound)
 
-    @property
-    def add(self) -> int:
-        return self.to_instances - self.from_instances
-
     def event_fields(self) -> dict:
-        """The `decision` event of docs/events.md (what: scale)."""
-        return {"what": "scale", "action": self.action, "step": self.step, "from": self.from_instances,
-                "to": self.to_instances, "reason": self.reason, "lag": round(self.lag, 4),
-                "predicted_gain_s": self.predicted_gain_s, "predicted_cost_s": None, "break_even_steps": None}
+        return {"lag": round(self.lag, 4), "predicted_gain_s": self.predicted_gain_s, "predicted_cost_s": None,
+                "break_even_steps": None}
+
+
+ScaleDecision = Decision[int, ScaleEstimate]  # from and to: rollout instances held; action hold or add
 
 
 class ScalePolicy(Protocol):
@@ -103,7 +98,7 @@ class StaticPool:
     """Never adds (the fixed pool), with the controller's interface."""
 
     def observe(self, obs: ScaleObservation, now: float) -> ScaleDecision:
-        return ScaleDecision(obs.step, now, "hold", obs.instances, obs.instances, "static pool", lag=_lag(obs))
+        return Decision(obs.step, now, "hold", obs.instances, obs.instances, "static pool", ScaleEstimate(_lag(obs)))
 
 
 class ScheduledJoins:
@@ -115,11 +110,11 @@ class ScheduledJoins:
     def observe(self, obs: ScaleObservation, now: float) -> ScaleDecision:
         add = self.schedule.get(obs.step, 0)
         if not add:
-            return ScaleDecision(obs.step, now, "hold", obs.instances, obs.instances, "no join scheduled",
-                                 lag=_lag(obs))
-        return ScaleDecision(obs.step, now, "add", obs.instances, obs.instances + add,
-                             f"scale.schedule: {add} device(s) join after step {obs.step}", True, _lag(obs),
-                             _gain(obs, add))
+            return Decision(obs.step, now, "hold", obs.instances, obs.instances, "no join scheduled",
+                            ScaleEstimate(_lag(obs)))
+        return Decision(obs.step, now, "add", obs.instances, obs.instances + add,
+                        f"scale.schedule: {add} device(s) join after step {obs.step}",
+                        ScaleEstimate(_lag(obs), _gain(obs, add)), signal=True)
 
 
 class ScaleController:
@@ -129,33 +124,30 @@ class ScaleController:
         self.cfg = cfg
         self.limit = limit
         self.added = 0
-        self.last_join_step: int | None = None
-        self._run_len = 0
+        self.hysteresis = Hysteresis(cfg.cooldown_steps, cfg.consecutive)
 
     def observe(self, obs: ScaleObservation, now: float) -> ScaleDecision:
         cfg = self.cfg
         lag = _lag(obs)
         signal = lag > cfg.threshold
-        self._run_len = self._run_len + 1 if signal else 0
+        self.hysteresis.count(signal)
 
         def decide(action: str, reason: str, add: int = 0) -> ScaleDecision:
-            return ScaleDecision(obs.step, now, action, obs.instances, obs.instances + add, reason,  # type: ignore[arg-type]
-                                 signal, lag, _gain(obs, max(1, add)))
+            return Decision(obs.step, now, action, obs.instances, obs.instances + add, reason,  # type: ignore[arg-type]
+                            ScaleEstimate(lag, _gain(obs, max(1, add))), signal)
 
-        if self.last_join_step is not None and obs.step - self.last_join_step <= cfg.cooldown_steps:
-            return decide("hold", f"cooldown: {obs.step - self.last_join_step} of {cfg.cooldown_steps} "
-                                  f"steps since the last join (generation lags {lag:+.0%})")
+        if cooling := self.hysteresis.cooldown(obs.step, "join"):
+            return decide("hold", f"{cooling} (generation lags {lag:+.0%})")
         if not signal:
             return decide("hold", f"generation keeps up: rollout {obs.rollout_s:.1f}s vs train "
                                   f"{obs.train_s:.1f}s ({lag:+.0%}, threshold +{cfg.threshold:.0%})")
-        if self._run_len < cfg.consecutive:
-            return decide("hold", f"generation lags {lag:+.0%}: signal {self._run_len}/{cfg.consecutive}")
+        if short_run := self.hysteresis.short_run():
+            return decide("hold", f"generation lags {lag:+.0%}: {short_run}")
         if self.added >= self.limit:
             return decide("hold", f"generation lags {lag:+.0%} but the reserve is spent "
                                   f"({self.added} of {self.limit} instances added)")
         self.added += 1
-        self.last_join_step = obs.step
-        self._run_len = 0
+        self.hysteresis.moved(obs.step)
         return decide("add", f"generation lags training by {lag:.0%} for {cfg.consecutive} steps "
                              f"(rollout {obs.rollout_s:.1f}s vs train {obs.train_s:.1f}s): "
                              f"{obs.instances} -> {obs.instances + 1} instances", 1)
@@ -171,5 +163,5 @@ def make_scale_policy(cfg: ScaleConfig, reserve_instances: int) -> ScalePolicy:
     return StaticPool()
 
 
-__all__ = ["ScaleConfig", "ScaleObservation", "ScaleDecision", "ScalePolicy", "StaticPool", "ScheduledJoins",
-           "ScaleController", "make_scale_policy", "first_step_served"]
+__all__ = ["ScaleConfig", "ScaleObservation", "ScaleDecision", "ScaleEstimate", "ScalePolicy", "StaticPool",
+           "ScheduledJoins", "ScaleController", "make_scale_policy", "first_step_served"]

@@ -65,6 +65,7 @@ import torch
 from poise.config import EngineConfig
 from poise.errors import PoiseError
 from poise.rollout.kv_cache import KVCache
+from poise.rollout.occupancy import Occupancy
 from poise.rollout.requests import RequestError, admit
 from poise.rollout.weights import WeightsError, check_named_weights, copy_named_weights
 from poise.rollout.runner import DecoderRunner, StepInputs
@@ -184,9 +185,8 @@ class Engine:
     def release(self) -> None:
         """Free the KV cache and the noise table (the device leaves the rollout role); the next
         step builds them again. Needs an idle engine."""
-        if not self.idle:
-            raise EngineBusyError(f"release needs an idle engine; {self.num_running} running and "
-                                  f"{self.num_queued} queued")
+        if not self.occupancy.idle:
+            raise EngineBusyError(self.occupancy.busy("release"))
         self.cache = None
         if self.noise is not None:
             self.noise, self._noise_released = None, True
@@ -215,23 +215,15 @@ class Engine:
         return seq
 
     @property
-    def idle(self) -> bool:
-        return not self._slots and not self._queue
-
-    @property
-    def num_running(self) -> int:
-        return len(self._slots)
-
-    @property
-    def num_queued(self) -> int:
-        return len(self._queue)
+    def occupancy(self) -> Occupancy:
+        return Occupancy(len(self._slots), len(self._queue))
 
     # ---- the scheduling loop --------------------------------------------------------------
 
     def step(self) -> list[Sample]:
         """One scheduling iteration: admit queued requests, decode one token for every running
         sequence. Returns the samples that finished in it (also passed to `on_sample`)."""
-        if self.idle:
+        if self.occupancy.idle:
             return []
         self._ensure_cache()
         if self.cfg.batch_invariant and not self.row_quantum:
@@ -404,7 +396,7 @@ class Engine:
 
     def stream(self) -> Iterator[Sample]:
         """Run until nothing is queued or running, yielding each sample the step it finishes."""
-        while not self.idle:
+        while not self.occupancy.idle:
             yield from self.step()
 
     def generate(self, requests: Iterable[Request]) -> list[Sample]:
@@ -413,9 +405,9 @@ class Engine:
         The colocated training loop's entry point. Every request is checked before any runs, so
         one bad request raises (naming it) and leaves the engine as it was.
         """
-        if not self.idle:
-            raise EngineBusyError(f"generate needs an idle engine; {self.num_running} running and "
-                                  f"{self.num_queued} queued (drain them with stream() first)")
+        occupancy = self.occupancy
+        if not occupancy.idle:
+            raise EngineBusyError(f"{occupancy.busy('generate')} (drain them with stream() first)")
         requests = list(requests)
         seqs = []
         try:
@@ -507,7 +499,7 @@ class Engine:
         self.version = version
 
     def _check_not_in_flight(self, version: int) -> None:
-        in_flight = self.num_running + sum(1 for seq in self._queue if seq.tokens)
+        in_flight = len(self._slots) + sum(1 for seq in self._queue if seq.tokens)
         if in_flight:
             raise EngineBusyError(f"changing weights with {in_flight} sequences in flight would mix weights "
                                   f"versions {self.version} and {version} in one sample; drain them (stream()) "

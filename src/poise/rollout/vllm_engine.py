@@ -57,6 +57,7 @@ import torch
 from poise.config import EngineConfig, ModelConfig, SamplingConfig
 from poise.errors import PoiseError
 from poise.rollout.engine import EngineBusyError, check_resumable
+from poise.rollout.occupancy import Occupancy
 from poise.rollout.requests import RequestError, admit
 from poise.rollout.weights import check_named_weights, copy_named_weights
 from poise.rollout.sampling import turn_key_prefix
@@ -118,20 +119,14 @@ class VllmEngine:
         return _Request(sample_id, prompt, budget, self.clock(), list(tokens), resumed=len(tokens), turn=turn)
 
     @property
-    def idle(self) -> bool:
-        return not self._pending and not self._live
-
-    @property
-    def num_running(self) -> int:
-        return min(len(self._live), self.num_slots)
-
-    @property
-    def num_queued(self) -> int:
-        return len(self._pending) + max(0, len(self._live) - self.num_slots)
+    def occupancy(self) -> Occupancy:
+        """vLLM schedules beyond the slots: what it holds past them waits."""
+        running = min(len(self._live), self.num_slots)
+        return Occupancy(running, len(self._pending) + len(self._live) - running)
 
     def step(self) -> list[Sample]:
         """Hand queued requests to vLLM and take one engine step; the samples that finished in it."""
-        if self.idle:
+        if self.occupancy.idle:
             return []
         self._start()
         if self._loaded != self.version:
@@ -158,8 +153,8 @@ class VllmEngine:
     def generate(self, requests: Iterable[Request]) -> list[Sample]:
         """Serve `requests` to completion (the colocated loop's entry point); sorted by sample id.
         Every request is checked before any runs."""
-        if not self.idle:
-            raise EngineBusyError("generate needs an idle engine")
+        if not self.occupancy.idle:
+            raise EngineBusyError(self.occupancy.busy("generate"))
         checked = []
         try:
             for request in requests:
@@ -171,7 +166,7 @@ class VllmEngine:
             raise
         self._pending.extend(checked)
         out: list[Sample] = []
-        while not self.idle:
+        while not self.occupancy.idle:
             out += self.step()
         return sorted(out, key=lambda s: s.sample_id)
 
@@ -252,8 +247,8 @@ class VllmEngine:
     def release(self) -> None:
         """Shut vLLM down (its process and KV cache) and remove what it had on /dev/shm; the next
         step starts it again."""
-        if not self.idle:
-            raise EngineBusyError(f"release needs an idle engine; {len(self._live) + len(self._pending)} in flight")
+        if not self.occupancy.idle:
+            raise EngineBusyError(self.occupancy.busy("release"))
         if self._llm is not None:
             _record_segments(self._dir)  # any queue made since the start
             self._llm.llm_engine.engine_core.shutdown()

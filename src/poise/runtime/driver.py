@@ -375,7 +375,7 @@ class Driver:
             return
         start = self.now()
         self.resize_from = self.rt.topology
-        report, devices = self.survive(log, step, "resize", lambda: self.resize(decision.to_split, step))
+        report, devices = self.survive(log, step, "resize", lambda: self.resize(decision.target, step))
         self.resize_from = None
         self.pending_resize, self.resize_wall = report, (start, self.now())
         t = start

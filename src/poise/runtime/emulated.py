@@ -58,6 +58,7 @@ from poise.policy.cost import ContinuousBatch, CostModel
 from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.plan import micro_normaliser
 from poise.policy.rankers import Finished, Prompt
+from poise.rollout.occupancy import Occupancy
 from poise.runtime.roles import BackgroundTask
 from poise.rewards.scorer import PendingRewards, RewardResult
 from poise.sim.scenario import ScenarioConfig, load_scenario
@@ -164,16 +165,8 @@ class EmulatedEngine:
         self._queue.append(_Live(request, self.lengths(tuple(request.sample_id)), now))
 
     @property
-    def idle(self) -> bool:
-        return not self._queue and not self._live
-
-    @property
-    def num_running(self) -> int:
-        return len(self._live)
-
-    @property
-    def num_queued(self) -> int:
-        return len(self._queue)
+    def occupancy(self) -> Occupancy:
+        return Occupancy(len(self._live), len(self._queue))
 
     def step(self) -> list[Sample]:
         """Admit into free slots, decode up to the next finish, return the finished samples."""
@@ -195,7 +188,7 @@ class EmulatedEngine:
             self._sleep_fn(wait)
         now = self._now()
         finished = [self._live.pop(key) for key in done]
-        if self.idle:
+        if self.occupancy.idle:
             self._deadline = None
         return [self._sample(s, s.run, now) for s in finished]
 
@@ -240,10 +233,11 @@ class EmulatedEngine:
                                          (windows or {}).get(sid, 0), versions))
 
     def load_weights(self, named_tensors, version: int) -> None:
-        if not self.idle:
+        occupancy = self.occupancy
+        if not occupancy.idle:
             # the real engine refuses too: a sample's tokens must all come from one version
-            raise RuntimeError(f"emulated engine: load_weights(version={version}) with {self.num_running} running "
-                               f"and {self.num_queued} queued sequences; sync only between generations")
+            raise RuntimeError(f"emulated engine: {occupancy.busy(f'load_weights(version={version})')}; "
+                               "sync only between generations")
         self.version = version
 
     def release(self) -> None:

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+from poise.rollout.occupancy import Occupancy
 from poise.types import Request, Sample, SampleId
 
 
@@ -40,13 +41,9 @@ class RolloutEngine(Protocol):
     def step(self) -> list[Sample]: ...
 
     @property
-    def idle(self) -> bool: ...
-
-    @property
-    def num_running(self) -> int: ...
-
-    @property
-    def num_queued(self) -> int: ...
+    def occupancy(self) -> Occupancy:
+        """Its running and queued sequences, read together; idle when there are none."""
+        ...
 
     def abort(self) -> list[Sample]:
         """Stop every queued and running sequence; their partial samples (finish_reason 'abort')."""
@@ -266,10 +263,12 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: self._stop or (not self._waiting and (self._pending or not self.engine.idle)))
+                self._cv.wait_for(lambda: self._stop or (not self._waiting and (self._pending or
+                                                                               not self.engine.occupancy.idle)))
                 if self._stop:
                     return
-                room = self._cap - self.engine.num_running - self.engine.num_queued
+                occupancy = self.engine.occupancy
+                room = self._cap - occupancy.running - occupancy.queued
                 admit = [self._pending.popleft() for _ in range(max(0, min(room, len(self._pending))))]
                 self._admitting, epoch = admit, self._epoch
                 if self._busy_since is None:

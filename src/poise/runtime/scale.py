@@ -130,7 +130,7 @@ class ScaleOut:
         log.event("decision", t_end, **decision.event_fields())
         if decision.action != "add" or len(self.reports) >= len(self.chunks):
             return None  # or the reserve is spent (the policies know their cap: not reached)
-        devices = self.chunks[len(self.reports)]  # one decision, one chunk (its `add` devices)
+        devices = self.chunks[len(self.reports)]  # one decision, one chunk (the devices it adds)
         start = self.now()
         topology, phases = join_rollout(self.rt, devices)
         report = JoinReport(step, devices, len(topology.rollout), first_step_served(step, self.kind),

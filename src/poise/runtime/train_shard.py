@@ -41,7 +41,7 @@ class TorchTrainShard:
         if index in self._held:
             raise RuntimeError(f"device {self.rank}: micro-batch {index} computed twice in one update")
         self._held.add(index)
-        return self._record(result, start, self.state.keep_gradient(index, flat))
+        return self._record(result, start, self.state.gradients.keep_gradient(index, flat))
 
     def _record(self, result, start: float, held_grads: int) -> dict:
         """What the driver logs of one micro-batch (its stats, its interval, the gradients held)."""
@@ -61,14 +61,14 @@ class TorchTrainShard:
         # communicator: the round's collectives wait for it, so two communicators never run at once
         # (NCCL can hang when two threads use two communicators in an order the ranks do not share)
         self._barrier_s += self.wait_optimizer_transfer()
-        consumer = self.state.begin_round(ranks, index)
+        consumer = self.state.gradients.begin_round(ranks, index)
         try:
             if index is None:
                 samples, advantages = stand_in(self.trainer.pad_id), [0.0]
             result = self.trainer.micro_batch_grad(-1 if index is None else index, samples,
                                                    torch.tensor(advantages, dtype=torch.float32), consumer)
         finally:
-            self.state.end_round()
+            self.state.gradients.end_round()
         if index is None:
             return None
         self._held.add(index)
@@ -98,7 +98,7 @@ class TorchTrainShard:
         computed with the weights the train devices hold before their step); it takes no step."""
         start = time.time()
         self._take_held(indices)
-        self.state.contribute(num_micro_batches, indices, ranks, rows)
+        self.state.gradients.contribute(num_micro_batches, indices, ranks, rows)
         return {"start": start, "end": time.time(), "device": self.rank}
 
     def _take_held(self, indices: list[int]) -> None:
@@ -115,22 +115,22 @@ class TorchTrainShard:
         what each device holds of the weights after it. Returns the most weight bytes it held at
         once and the weight bytes it received."""
         self.wait_optimizer_transfer()  # its collectives never beside a transfer still on its own thread
-        return self.state.gather_weights(new_ranks)
+        return self.state.weights.reshard(new_ranks)
 
     def shard_weights(self, ranks: list[int]) -> None:
         """A device joining the trainer (it holds the whole model, as a rollout device) keeps what
         it holds among train devices `ranks`; no collective."""
-        self.state.shard_weights(ranks)
+        self.state.weights.shard_over(ranks)
 
     def adopt(self, ranks: list[int]) -> None:
         """The model was loaded with this device's part among train devices `ranks` alone."""
-        self.state.adopt(ranks)
+        self.state.weights.adopt(ranks)
 
     def transfer_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> None:
         """Start sending (rank == src) or receiving the whole optimizer state over the cached group
         of `ranks`, in the background; the next update or checkpoint waits for it."""
         self.wait_optimizer_transfer()
-        self._transfer = _InBackground(self.state.copy_optimizer(src, ranks, buffer_bytes),
+        self._transfer = _InBackground(self.state.optimizer_transfers.copy(src, ranks, buffer_bytes),
                                        f"device {self.rank}: optimizer transfer from device {src}")
 
     def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> None:
@@ -138,7 +138,7 @@ class TorchTrainShard:
         owner among `old_ranks` to its owner among `new_ranks`, in the background (DynaResize's
         optimizer migration through a bounded buffer); the next update or checkpoint waits for it."""
         self.wait_optimizer_transfer()
-        self._transfer = _InBackground(self.state.reshard_optimizer(old_ranks, new_ranks, buffer_bytes),
+        self._transfer = _InBackground(self.state.optimizer_transfers.reshard(old_ranks, new_ranks, buffer_bytes),
                                        f"device {self.rank}: optimizer reshard {sorted(old_ranks)} -> "
                                        f"{sorted(new_ranks)}")
 

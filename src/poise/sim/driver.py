@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from poise.policy.allocator import DevicePlan, StepWorkload, allocate, plan_devices
-from poise.policy.controller import Decision, ResizePolicy, StepObservation, make_resize_policy
+from poise.policy.controller import ResizeDecision, ResizePolicy, StepObservation, make_resize_policy
 from poise.policy.cost import instance_finish_times, percentile
 from poise.policy.dispatch import DispatchPlan, InstanceInfo, build_dispatch
 from poise.policy.pipeline import weights_version
@@ -121,7 +121,7 @@ class Simulation:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.log: RunLog | _NullLog = RunLog(self.run_dir) if self.run_dir else _NullLog()
         self.records: list[StepRecord] = []
-        self.decisions: list[Decision] = []
+        self.decisions: list[ResizeDecision] = []
         self.resizes: list[dict[str, Any]] = []
         self._busy = {"rollout": 0.0, "train": 0.0}
         self._lent_end: dict[int, float] = {}  # pipeline.assist: train device -> end of its generation
@@ -149,7 +149,7 @@ class Simulation:
         gen_free = 0.0  # rollout instances free (previous generation or a resize done)
         train_free = 0.0  # train devices free
         bg_ready = 0.0  # deferred optimizer restore of a live resize done
-        pending: Decision | None = None
+        pending: ResizeDecision | None = None
         for k in range(sc.steps):
             resized = 0.0  # critical-path seconds of a resize inside this step
             samples = self.workload.step(k)
@@ -411,7 +411,7 @@ class Simulation:
         self._busy["train"] += busy_sum + fixed * t_dev
         return start, end, busiest + fixed
 
-    def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> Decision | None:
+    def maybe_resize(self, rec: StepRecord, samples: list[SimSample]) -> ResizeDecision | None:
         if rec.resize_s > 0:
             # The step that absorbed a resize mixes two splits (in async its generation ran on
             # the old one): nothing the controller should calibrate on, and it is in cooldown.
@@ -448,7 +448,7 @@ class Simulation:
         if decision.action != "add":
             return decision
         first = first_step_served(rec.step, self.sc.kind)
-        for _ in range(decision.add):
+        for _ in range(decision.target - decision.current):
             if len(self.joined) >= self.sc.cluster.reserve_devices // self.tp:
                 break  # the reserve is spent (the controller's cap; a schedule is checked at load)
             ready = rec.train_end + self.sync_s
@@ -461,9 +461,9 @@ class Simulation:
             self.log.event("join", rec.train_end, **join)
         return decision
 
-    def _resize(self, decision: Decision, start: float, step: int) -> tuple[float, float]:
+    def _resize(self, decision: ResizeDecision, start: float, step: int) -> tuple[float, float]:
         """Apply a resize from `start`; returns (critical path end, background restore end)."""
-        old, new = self.split, decision.to_split
+        old, new = self.split, decision.target
         price = self.cost.resize(self.sc.resize.mode)
         moving = range(min(old.rollout, new.rollout), max(old.rollout, new.rollout))
         t = start
@@ -484,7 +484,7 @@ class Simulation:
                        background_s=bg_end - t, start=start, end=t)
         self.resizes.append({"step": step, "at_s": start, "from": old.as_list(), "to": new.as_list(),
                              "mode": price.mode, "critical_path_s": price.critical_path_s,
-                             "reason": decision.reason, "break_even_steps": decision.break_even_steps,
+                             "reason": decision.reason, "break_even_steps": decision.estimate.break_even_steps,
                              "decided_after_step": decision.step})
         self.controller.resized(price.critical_path_s)
         self.split = new

@@ -100,11 +100,11 @@ class ColocatedLoop:
                      self.state.weights_version)
         finished = []
         while runner.active:
-            requests, done = runner.poll(wait_s=0.05 if self.engine.idle else 0.0)
+            requests, done = runner.poll(wait_s=0.05 if self.engine.occupancy.idle else 0.0)
             for request in requests:
                 self.engine.submit(request)
             finished += done
-            if not self.engine.idle:
+            if not self.engine.occupancy.idle:
                 runner.turns_done(self.engine.step())
         return sorted(finished, key=lambda s: s.sample_id)
 

@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 from poise.training.reduce import TreeAccumulator, combine, index_nodes
 from poise.training.state.placement import slice_bounds
+from poise.training.state.protocol import refused
+from poise.training.trainer import GradientConsumer
 
 
 def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ranks: list[int], rank: int, group,
@@ -84,20 +86,32 @@ def exchange_and_combine(nodes: dict[tuple[int, int], torch.Tensor], m: int, ran
 
 class HeldGradients:
     """The flat micro-batch gradients one device computed in the current mini-batch: bitwise, the
-    tree's aligned nodes; semantic, their running sum (reassociation allowed)."""
+    tree's aligned nodes; semantic, their running sum (reassociation allowed). The gradient
+    exchange (protocol.py `GradientExchange`) of the states that hold whole parameters; `holds`:
+    the state's words for how it holds them, for the rounds it refuses."""
 
-    def __init__(self, rank: int, numel: int, device: torch.device, bitwise: bool, comm) -> None:
+    def __init__(self, rank: int, numel: int, device: torch.device, bitwise: bool, comm, holds: str) -> None:
         self.rank, self.numel, self.device, self.bitwise, self.comm = rank, numel, device, bitwise, comm
+        self.holds = holds
         self._tree = TreeAccumulator(torch.add)
         self._sum: torch.Tensor | None = None
 
-    def push(self, index: int, flat: torch.Tensor) -> int:
+    def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
         """Fold micro-batch `index`'s gradient in; returns the tree nodes held (0 semantic)."""
         if self.bitwise:
             self._tree.push(index, flat)
         else:
             self._sum = flat if self._sum is None else self._sum.add_(flat)
         return len(self._tree)
+
+    def begin_round(self, ranks: list[int], index: int | None) -> GradientConsumer:
+        raise refused(self.rank, "a lockstep round", self.holds, "only fully sharded parameters train in rounds")
+
+    def end_round(self) -> None:
+        return None
+
+    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
+        self.reduce(m, indices, ranks, rows)
 
     def reduce(self, m: int, indices: list[int], ranks: list[int], rows: int,
                bounds: list[tuple[int, int]] | None = None) -> tuple[torch.Tensor, int | None]:

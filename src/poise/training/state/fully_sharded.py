@@ -19,8 +19,12 @@ from poise.training.state.optimizer_sharded import owned_names, parameter_names,
 from poise.training.state.owned_optimizer import OwnedOptimizer
 from poise.training.state.parameter_shards import ParameterShards
 from poise.training.state.placement import owner_runs
-from poise.training.state.transfer import OptimizerReshard
+from poise.training.state.protocol import refused
+from poise.training.state.transfer import OwnedStateTransfers
 from poise.training.trainer import GradientConsumer
+
+
+HOLDS = "its parameters are sharded (cluster.shard full)"  # the mode's words in what it refuses
 
 
 class FullySharded:
@@ -29,24 +33,16 @@ class FullySharded:
         self.sizes = [shape.numel() for shape in trainer.shapes]
         self.names = parameter_names(trainer)
         self.shards = ParameterShards(trainer, comm, device, rank, bitwise)
+        self.gradients = LockstepRounds(self.shards, rank)
         self.owned = OwnedOptimizer(trainer, rank)
+        self.optimizer_transfers = OwnedStateTransfers(rank, trainer, comm, device, self.owned, HOLDS)
+        self.weights = self.shards
         self.stream = CheckpointStream(rank, trainer, self.names, comm, device)
 
     def _sharded(self) -> ParameterShards | None:
         """The parameter shards while the weights are sharded over a train group; None while every
         weight is held here."""
         return self.shards if self.shards.ranks is not None else None
-
-    def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
-        raise RuntimeError(f"device {self.rank}: a micro-batch outside a round, but its parameters are sharded "
-                           "(cluster.shard full): every micro-batch runs in a lockstep round")
-
-    def begin_round(self, ranks: list[int], index: int | None) -> GradientConsumer:
-        self.shards.begin_round(ranks, index)
-        return self.shards
-
-    def end_round(self) -> None:
-        self.shards.end_round()
 
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
@@ -64,10 +60,6 @@ class FullySharded:
         received = self.shards.received + norm_bytes + self.shards.weight_bytes
         self.shards.received = self.shards.weight_bytes = 0
         return norm, {"received_bytes": received, "grad_bytes": 4 * self.trainer.numel, "weight_bytes": gathered}
-
-    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
-        raise RuntimeError(f"device {self.rank}: a rollout device's part of a reduction, but the parameters are "
-                           "sharded (cluster.shard full): gradients go to their owners during the rounds")
 
     def save(self, run_dir: str, state: TrainState, extra: dict[str, bytes] | None, ranks: list[int] | None,
              parallel: bool) -> Path:
@@ -98,27 +90,30 @@ class FullySharded:
             return self.shards.digest(self.names)
         return weights_digest(self.trainer.model)
 
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int):
-        raise RuntimeError(f"device {self.rank}: a copy of the whole optimizer state, but it is sharded "
-                           "(cluster.shard full): a resize reshards it (reshard_optimizer)")
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> OptimizerReshard:
-        return OptimizerReshard(self.rank, self.trainer, self.comm, self.device, self.owned, sorted(old_ranks),
-                                sorted(new_ranks), buffer_bytes)
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        """A device leaving for rollout takes the whole model, one that stays its run among
-        `new_ranks` alone (`ParameterShards.reshard`)."""
-        return self.shards.reshard(new_ranks)
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        self.shards.shard_over(ranks)
-
-    def adopt(self, ranks: list[int]) -> None:
-        self.shards.adopt(ranks)
-
     def drop_optimizer(self) -> None:
         if self._sharded() is not None:
             raise RuntimeError(f"device {self.rank} leaves the trainer holding only its shard of the weights; "
                                "gather_weights must run on every train device first")
         self.trainer.optimizer.state.clear()
+
+
+class LockstepRounds:
+    """The gradient exchange (protocol.py `GradientExchange`) of sharded parameters: every
+    micro-batch runs in a lockstep round, and each gradient goes to its owner during the backward."""
+
+    def __init__(self, shards: ParameterShards, rank: int) -> None:
+        self.shards, self.rank = shards, rank
+
+    def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
+        raise refused(self.rank, "a micro-batch outside a round", HOLDS, "every micro-batch runs in a lockstep round")
+
+    def begin_round(self, ranks: list[int], index: int | None) -> GradientConsumer:
+        self.shards.begin_round(ranks, index)
+        return self.shards
+
+    def end_round(self) -> None:
+        self.shards.end_round()
+
+    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
+        raise refused(self.rank, "a rollout device's part of a reduction", HOLDS,
+                      "gradients go to their owners during the rounds")

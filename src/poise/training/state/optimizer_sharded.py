@@ -16,9 +16,12 @@ from poise.training.state.checkpoint_stream import CheckpointStream
 from poise.training.state.digest import weights_digest
 from poise.training.state.exchange import HeldGradients
 from poise.training.state.owned_optimizer import OwnedOptimizer
-from poise.training.state.placement import element_bounds, gather_runs, owner_runs
-from poise.training.state.transfer import OptimizerReshard
-from poise.training.trainer import GradientConsumer, param_views
+from poise.training.state.placement import WholeWeights, element_bounds, gather_runs, owner_runs
+from poise.training.state.transfer import OwnedStateTransfers
+from poise.training.trainer import param_views
+
+
+HOLDS = "only its optimizer state is sharded (cluster.shard optimizer)"  # the mode's words in what it refuses
 
 
 class OptimizerSharded:
@@ -26,19 +29,11 @@ class OptimizerSharded:
         self.trainer, self.comm, self.device, self.rank, self.bitwise = trainer, comm, device, rank, bitwise
         self.sizes = [shape.numel() for shape in trainer.shapes]
         self.names = parameter_names(trainer)
-        self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm)
+        self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm, HOLDS)
         self.owned = OwnedOptimizer(trainer, rank)
+        self.optimizer_transfers = OwnedStateTransfers(rank, trainer, comm, device, self.owned, HOLDS)
+        self.weights = WholeWeights(rank, HOLDS)
         self.stream = CheckpointStream(rank, trainer, self.names, comm, device)
-
-    def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
-        return self.gradients.push(index, flat)
-
-    def begin_round(self, ranks: list[int], index: int | None) -> GradientConsumer:
-        raise RuntimeError(f"device {self.rank}: a lockstep round, but only its optimizer state is sharded "
-                           "(cluster.shard optimizer): only fully sharded parameters train in rounds")
-
-    def end_round(self) -> None:
-        return None
 
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
@@ -61,9 +56,6 @@ class OptimizerSharded:
             return norm, {}
         return norm, {"received_bytes": received + norm_bytes + gathered, "grad_bytes": 4 * self.trainer.numel}
 
-    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
-        self.gradients.reduce(m, indices, ranks, rows)
-
     def save(self, run_dir: str, state: TrainState, extra: dict[str, bytes] | None, ranks: list[int] | None,
              parallel: bool) -> Path:
         return save_sharded(self.stream, run_dir, state, extra, ranks, parallel, None)
@@ -80,24 +72,6 @@ class OptimizerSharded:
 
     def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
-
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int):
-        raise RuntimeError(f"device {self.rank}: a copy of the whole optimizer state, but it is sharded "
-                           "(cluster.shard optimizer): a resize reshards it (reshard_optimizer)")
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> OptimizerReshard:
-        return OptimizerReshard(self.rank, self.trainer, self.comm, self.device, self.owned, sorted(old_ranks),
-                                sorted(new_ranks), buffer_bytes)
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        return 0, 0  # every device holds the whole model
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        return None
-
-    def adopt(self, ranks: list[int]) -> None:
-        raise RuntimeError(f"device {self.rank}: started with a part of the weights, but only its optimizer state "
-                           "is sharded (cluster.shard optimizer): it needs the whole model")
 
     def drop_optimizer(self) -> None:
         self.trainer.optimizer.state.clear()

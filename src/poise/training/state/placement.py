@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from poise.training.state.protocol import refused
+
 PARAMETER_CHUNK = 4 * 2**20  # elements per owner per all-gather of updated parameters (16 MB in fp32)
 
 
@@ -117,3 +119,21 @@ class _FlatParameters:
     def write(self, lo: int, values: torch.Tensor) -> None:
         for view, done, k in self._spans(lo, values.numel()):
             view.copy_(values[done:done + k])
+
+
+class WholeWeights:
+    """The weight placement (protocol.py `WeightPlacement`) of the states that hold the whole model
+    on every device (`none`, `optimizer`): nothing to gather or shard on a resize. `holds`: the
+    state's words for how it holds them, for the part-loaded model it refuses."""
+
+    def __init__(self, rank: int, holds: str) -> None:
+        self.rank, self.holds = rank, holds
+
+    def reshard(self, new_ranks: list[int]) -> tuple[int, int]:
+        return 0, 0  # every device holds the whole model
+
+    def shard_over(self, ranks: list[int]) -> None:
+        return None
+
+    def adopt(self, ranks: list[int]) -> None:
+        raise refused(self.rank, "started with a part of the weights", self.holds, "it needs the whole model")

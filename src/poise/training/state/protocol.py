@@ -33,8 +33,11 @@ class Transfer(Protocol):
     def run(self) -> None: ...
 
 
-class StateStrategy(Protocol):
-    # ---- gradients and the update --------------------------------------------------------------
+class GradientExchange(Protocol):
+    """How a train device's micro-batch gradients reach the reduction: held here until the update
+    (`none`, `optimizer`: exchange.py's `HeldGradients`), or sent to their owners during lockstep
+    rounds (`full`: `ParameterShards`)."""
+
     def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
         """Fold micro-batch `index`'s flat gradient into what this device holds; returns the
         gradients (tree nodes) held. Refused where micro-batches run in rounds."""
@@ -47,14 +50,59 @@ class StateStrategy(Protocol):
 
     def end_round(self) -> None: ...
 
+    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
+        """`pipeline.assist`: a rollout device's part of the reduction; no step. Refused where
+        gradients go to their owners during the rounds."""
+        ...
+
+
+def refused(rank: int, asked: str, holds: str, instead: str) -> RuntimeError:
+    """The error of a call a mode does not serve (a runtime bug, never the user's): what device `rank`
+    was `asked`, how its state `holds` (the mode's words), what serves `instead`."""
+    return RuntimeError(f"device {rank}: {asked}, but {holds}: {instead}")
+
+
+class OptimizerTransfers(Protocol):
+    """How the optimizer state moves on a live resize: copied whole to the joiners (`none`:
+    transfer.py `WholeStateTransfers`), or handed between owners (`optimizer`, `full`:
+    `OwnedStateTransfers`). Each refuses the other."""
+
+    def copy(self, src: int, ranks: list[int], buffer_bytes: int) -> Transfer:
+        """Replicated state: the whole optimizer state from `src` to the other `ranks`."""
+        ...
+
+    def reshard(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
+        """Sharded state: each parameter's state from its owner among `old_ranks` to its owner among
+        `new_ranks`."""
+        ...
+
+
+class WeightPlacement(Protocol):
+    """Where the weights sit around a live resize: whole on every device (`none`, `optimizer`:
+    placement.py `WholeWeights`), or each train device's run alone (`full`: `ParameterShards`)."""
+
+    def reshard(self, new_ranks: list[int]) -> tuple[int, int]:
+        """Before a resize (collective over the old train group): the weights a device needs after
+        it; returns the most weight bytes held at once and the weight bytes received."""
+        ...
+
+    def shard_over(self, ranks: list[int]) -> None:
+        """A device joining the trainer keeps the weights it holds there among `ranks`."""
+        ...
+
+    def adopt(self, ranks: list[int]) -> None:
+        """The model was loaded with this device's part among `ranks` alone."""
+        ...
+
+
+class StateStrategy(Protocol):
+    # ---- gradients and the update --------------------------------------------------------------
+    gradients: GradientExchange
+
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
         """Reduce the mini-batch's m micro-batch gradients (`indices` computed here) over `ranks`
         and step; returns the gradient norm and the traffic (bytes received, of what)."""
-        ...
-
-    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
-        """`pipeline.assist`: a rollout device's part of the reduction; no step."""
         ...
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -77,27 +125,8 @@ class StateStrategy(Protocol):
         ...
 
     # ---- a live resize ------------------------------------------------------------------------
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> Transfer:
-        """Replicated state: the whole optimizer state from `src` to the other `ranks`."""
-        ...
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> Transfer:
-        """Sharded state: each parameter's state from its owner among `old_ranks` to its owner among
-        `new_ranks`."""
-        ...
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        """Before a resize (collective over the old train group): the weights a device needs after
-        it; returns the most weight bytes held at once and the weight bytes received."""
-        ...
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        """A device joining the trainer keeps the weights it holds there among `ranks`."""
-        ...
-
-    def adopt(self, ranks: list[int]) -> None:
-        """The model was loaded with this device's part among `ranks` alone."""
-        ...
+    optimizer_transfers: OptimizerTransfers
+    weights: WeightPlacement
 
     def drop_optimizer(self) -> None:
         """Leaving the trainer: free the optimizer state."""

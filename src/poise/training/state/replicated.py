@@ -12,24 +12,21 @@ import torch
 from poise.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from poise.training.state.digest import weights_digest
 from poise.training.state.exchange import HeldGradients
-from poise.training.state.transfer import OptimizerTransfer
-from poise.training.trainer import GradientConsumer, param_views
+from poise.training.state.placement import WholeWeights
+from poise.training.state.protocol import refused
+from poise.training.state.transfer import WholeStateTransfers
+from poise.training.trainer import param_views
+
+
+HOLDS = "its state is replicated (cluster.shard none)"  # the mode's words in what it refuses
 
 
 class Replicated:
     def __init__(self, trainer, comm, device: torch.device, rank: int, bitwise: bool) -> None:
         self.trainer, self.comm, self.device, self.rank = trainer, comm, device, rank
-        self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm)
-
-    def keep_gradient(self, index: int, flat: torch.Tensor) -> int:
-        return self.gradients.push(index, flat)
-
-    def begin_round(self, ranks: list[int], index: int | None) -> GradientConsumer:
-        raise RuntimeError(f"device {self.rank}: a lockstep round, but its state is replicated (cluster.shard "
-                           "none): only fully sharded parameters train in rounds")
-
-    def end_round(self) -> None:
-        return None
+        self.gradients = HeldGradients(rank, trainer.numel, device, bitwise, comm, HOLDS)
+        self.optimizer_transfers = WholeStateTransfers(rank, trainer, comm, device, HOLDS)
+        self.weights = WholeWeights(rank, HOLDS)
 
     def update(self, m: int, indices: list[int], normaliser: float, ranks: list[int], rows: int
                ) -> tuple[float, dict]:
@@ -37,16 +34,12 @@ class Replicated:
         norm = self.trainer.apply_update(param_views(total, self.trainer.shapes), normaliser)
         return norm, {} if received is None else {"received_bytes": received, "grad_bytes": 4 * self.trainer.numel}
 
-    def contribute(self, m: int, indices: list[int], ranks: list[int], rows: int) -> None:
-        self.gradients.reduce(m, indices, ranks, rows)
-
     def save(self, run_dir: str, state: TrainState, extra: dict[str, bytes] | None, ranks: list[int] | None,
              parallel: bool) -> Path:
         return save_checkpoint(run_dir, self.trainer.model, self.trainer.optimizer, state, extra, None, None)
 
     def send_part(self, writer: int, ranks: list[int], parallel: bool) -> None:
-        raise RuntimeError(f"device {self.rank}: asked for its part of a checkpoint, but its state is replicated "
-                           f"(cluster.shard none): device {writer} holds all of it")
+        raise refused(self.rank, "asked for its part of a checkpoint", HOLDS, f"device {writer} holds all of it")
 
     def load(self, path: str, train_ranks: list[int] | None) -> TrainState:
         """A train device takes the whole optimizer state, any other device none (default: all)."""
@@ -59,23 +52,6 @@ class Replicated:
 
     def digest(self, before_collective: Callable[[], object]) -> str:
         return weights_digest(self.trainer.model)
-
-    def copy_optimizer(self, src: int, ranks: list[int], buffer_bytes: int) -> OptimizerTransfer:
-        return OptimizerTransfer(self.rank, src, self.comm.get(ranks), self.trainer, buffer_bytes, self.device)
-
-    def reshard_optimizer(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int):
-        raise RuntimeError(f"device {self.rank}: an optimizer reshard, but its state is replicated (cluster.shard "
-                           "none): a joining device copies the whole state (copy_optimizer)")
-
-    def gather_weights(self, new_ranks: list[int]) -> tuple[int, int]:
-        return 0, 0  # every device holds the whole model
-
-    def shard_weights(self, ranks: list[int]) -> None:
-        return None
-
-    def adopt(self, ranks: list[int]) -> None:
-        raise RuntimeError(f"device {self.rank}: started with a part of the weights, but its state is replicated "
-                           "(cluster.shard none): it needs the whole model")
 
     def drop_optimizer(self) -> None:
         self.trainer.optimizer.state.clear()

@@ -5,7 +5,9 @@ for it (so the update is exact: the state is a bitwise copy).
 
 `OptimizerTransfer`: replicated state, every tensor from one train device to the joiners, by
 broadcast. `OptimizerReshard`: sharded state, each parameter whose owner changes from its old owner
-to its new one, point to point.
+to its new one, point to point. `WholeStateTransfers` and `OwnedStateTransfers`: which of the two a
+state makes (protocol.py `OptimizerTransfers`); `holds`: the state's words for how it holds its
+optimizer state, for the one it refuses.
 """
 
 from __future__ import annotations
@@ -17,6 +19,36 @@ import torch.distributed as dist
 
 from poise.training.state import streams
 from poise.training.state.placement import owner_of_each
+from poise.training.state.protocol import refused
+
+
+class WholeStateTransfers:
+    """Replicated state: a joiner copies the whole of it; nothing reshards."""
+
+    def __init__(self, rank: int, trainer, comm, device: torch.device, holds: str):
+        self.rank, self.trainer, self.comm, self.device, self.holds = rank, trainer, comm, device, holds
+
+    def copy(self, src: int, ranks: list[int], buffer_bytes: int) -> OptimizerTransfer:
+        return OptimizerTransfer(self.rank, src, self.comm.get(ranks), self.trainer, buffer_bytes, self.device)
+
+    def reshard(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> OptimizerReshard:
+        raise refused(self.rank, "an optimizer reshard", self.holds, "a joining device copies the whole state")
+
+
+class OwnedStateTransfers:
+    """Sharded state (`owned`: this device's `OwnedOptimizer`): each owner's state reshards; no
+    device copies the whole of it."""
+
+    def __init__(self, rank: int, trainer, comm, device: torch.device, owned, holds: str):
+        self.rank, self.trainer, self.comm, self.device, self.owned = rank, trainer, comm, device, owned
+        self.holds = holds
+
+    def copy(self, src: int, ranks: list[int], buffer_bytes: int) -> OptimizerTransfer:
+        raise refused(self.rank, "a copy of the whole optimizer state", self.holds, "a resize reshards it")
+
+    def reshard(self, old_ranks: list[int], new_ranks: list[int], buffer_bytes: int) -> OptimizerReshard:
+        return OptimizerReshard(self.rank, self.trainer, self.comm, self.device, self.owned, sorted(old_ranks),
+                                sorted(new_ranks), buffer_bytes)
 
 
 class OptimizerTransfer:
