@@ -129,3 +129,23 @@ def test_the_rollout_trainer_mismatch_is_drawn_and_summarised(tmp_path):
             "1-1e-07, truncated 0% of tokens") in page
     assert "mismatch" not in draw_report(tmp_path)  # a log without it draws none
     assert "none logged: a simulation has no log-probs" in (tmp_path / "report" / "index.html").read_text()
+
+
+def test_the_correction_weights_are_summarised(tmp_path):
+    """A rollout_is preset's correction/ metrics reach the summary's mismatch row: the lowest
+    step p05, the highest p95 and max, the mean masked share (by hand below)."""
+    _write_run(tmp_path)
+    rows = [m for m in read_jsonl(tmp_path / "metrics.jsonl")]
+    with RunLog(tmp_path / "c") as log:
+        for m, (p05, p95, top, masked) in zip(rows, [(0.8, 1.1, 1.5, 0.0), (0.6, 1.3, 4.0, 0.02),
+                                                      (0.9, 1.2, 2.0, 0.04)]):
+            log.event("step", m["step"] + 1.0, step=m["step"], start=m["step"], end=m["step"] + 1.0, tokens=10,
+                      split=None)
+            log.metrics({**m, "mismatch/logp_abs_diff_mean": 1e-3, "mismatch/logp_abs_diff_max": 1e-2,
+                         "mismatch/ratio_p05": 0.9, "mismatch/ratio_p50": 1.0, "mismatch/ratio_p95": 1.1,
+                         "correction/is_weight_p05": p05, "correction/is_weight_p50": 1.0,
+                         "correction/is_weight_p95": p95, "correction/is_weight_max": top,
+                         "correction/truncated_frac": 0.0, "correction/masked_frac": masked})
+    page = draw_report(tmp_path / "c")["html"].read_text()
+    assert "; correction weights p05-p95 0.6 to 1.3, max 4, masked 2% of tokens" in page
+    assert "correction weights" not in draw_report(tmp_path)["html"].read_text()  # a run without a preset

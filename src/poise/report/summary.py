@@ -51,7 +51,21 @@ def _mismatch(metrics: list[dict]) -> str:
         weight = sum(m["mismatch/is_weight_mean"] for m in weighted) / len(weighted)
         cut = sum(float(m.get("mismatch/is_truncated_frac") or 0.0) for m in weighted) / len(weighted)
         text += f"; importance weight mean {_ratio(weight)}, truncated {100 * cut:.2g}% of tokens"
-    return text
+    return text + _correction(metrics)
+
+
+def _correction(metrics: list[dict]) -> str:
+    """The rollout_is preset's weights over the run (metrics' correction/...: algo/corrections.py):
+    the lowest step p05, the highest step p95 and max, and the mean share of masked tokens."""
+    rows = [m for m in metrics if isinstance(m.get("correction/is_weight_p05"), (int, float))]
+    if not rows:
+        return ""
+    low = min(float(m["correction/is_weight_p05"]) for m in rows)
+    high = max(float(m.get("correction/is_weight_p95") or 0.0) for m in rows)
+    top = max(float(m.get("correction/is_weight_max") or 0.0) for m in rows)
+    masked = sum(float(m.get("correction/masked_frac") or 0.0) for m in rows) / len(rows)
+    return (f"; correction weights p05-p95 {_ratio(low)} to {_ratio(high)}, max {top:.3g}, "
+            f"masked {100 * masked:.2g}% of tokens")
 
 
 def run_summary(events: list[dict], metrics: list[dict]) -> list[tuple[str, str]]:
