@@ -3,6 +3,8 @@ step, 12 new tokens, a checkpoint per step, 16 samples cut into 6 uneven micro-b
 each split reduces a different set of tree nodes). Each test module adds its own steps and
 settings."""
 
+import contextlib
+
 PROMPTS, GROUP = 4, 4
 
 
@@ -19,3 +21,29 @@ def tiny_job(steps: int) -> list[str]:
         "rollout.num_slots=8",
         "cluster.devices=4",
     ]
+
+
+class RunMemo:
+    """Each named run of a test module, made once (a Ray run costs seconds here) and shared: every
+    test that needs it gets the same RunRecord, or the same failure re-raised. `config(run_dir,
+    *extra)` makes a run's TrainConfig; `faults` are tests/fault_injection.py `injected`'s
+    arguments; other keyword arguments go to `train`."""
+
+    def __init__(self, root, config, read_run):
+        self.root, self.config, self.read = root, config, read_run
+        self._done: dict = {}
+
+    def get(self, name: str, train, *extra, faults: dict | None = None, **kwargs):
+        from fault_injection import injected  # tests/fault_injection.py
+
+        if name not in self._done:
+            run_dir = self.root / name
+            try:
+                with injected(**faults) if faults else contextlib.nullcontext():
+                    train(self.config(run_dir, *extra), **kwargs)
+                self._done[name] = self.read(run_dir)
+            except Exception as e:  # noqa: BLE001 - every test that needs this run reports the same failure
+                self._done[name] = e
+        if isinstance(self._done[name], Exception):
+            raise self._done[name]
+        return self._done[name]

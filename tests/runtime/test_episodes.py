@@ -16,9 +16,8 @@ from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.training.colocated import train_colocated
 
-from fault_injection import injected  # tests/fault_injection.py
 from fault_runs import CrashAtStep
-from run_shapes import GROUP, PROMPTS, tiny_job
+from run_shapes import GROUP, PROMPTS, RunMemo, tiny_job
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -48,31 +47,12 @@ def warm(tmp_path_factory):
     return EpisodeWarmStart(path)
 
 
-class Runs:
-    def __init__(self, root, warm, read_run):
-        self.root, self.warm, self.read = root, warm, read_run
-        self._done: dict = {}
-
-    def get(self, name: str, train, *extra, faults=None, **kwargs):
-        if name not in self._done:
-            run_dir = self.root / name
-            try:
-                with injected(**(faults or {})):
-                    train(self.config(run_dir, *extra), **kwargs)
-                self._done[name] = self.read(run_dir)
-            except Exception as e:  # every test that needs this run reports the same failure
-                self._done[name] = e
-        if isinstance(self._done[name], Exception):
-            raise self._done[name]
-        return self._done[name]
-
-    def config(self, run_dir, *extra):
-        return load_train_config(None, [*JOB, *WARM, *self.warm.overrides, f"run.dir={run_dir}", *extra])
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, warm, read_run):
-    return Runs(tmp_path_factory.mktemp("episodes"), warm, read_run)
+    def config(run_dir, *extra):
+        return load_train_config(None, [*JOB, *WARM, *warm.overrides, f"run.dir={run_dir}", *extra])
+
+    return RunMemo(tmp_path_factory.mktemp("episodes"), config, read_run)
 
 
 def _masks(record) -> dict:

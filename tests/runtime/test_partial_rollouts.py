@@ -19,7 +19,7 @@ from poise.runtime.partial import PARTIAL_POOL
 from poise.training.checkpoint import PENDING_SAMPLES, decode_samples
 
 from fault_runs import baseline, config
-from run_shapes import GROUP, PROMPTS, tiny_job
+from run_shapes import GROUP, PROMPTS, RunMemo, tiny_job
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -43,34 +43,18 @@ def _versions(record) -> dict:
     return {tuple(e["id"]): e["token_versions"] for e in record.events if e["kind"] == "sample"}
 
 
-class Runs:
-    def __init__(self, root, warm_start, read_run):
-        self.root, self.warm, self.read = root, warm_start, read_run
-        self._done: dict = {}
-
-    def get(self, name: str, *extra):
-        if name not in self._done:
-            run_dir = self.root / name
-            try:
-                train_disaggregated(load_train_config(None, [*PARTIAL, f"run.dir={run_dir}", *self.warm.overrides,
-                                                             *extra]))
-                self._done[name] = self.read(run_dir)
-            except Exception as e:  # every test that needs this run reports the same failure
-                self._done[name] = e
-        if isinstance(self._done[name], Exception):
-            raise self._done[name]
-        return self._done[name]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, warm_start, read_run):
-    return Runs(tmp_path_factory.mktemp("partial"), warm_start, read_run)
+    def config(run_dir, *extra):
+        return load_train_config(None, [*PARTIAL, f"run.dir={run_dir}", *warm_start.overrides, *extra])
+
+    return RunMemo(tmp_path_factory.mktemp("partial"), config, read_run)
 
 
 @pytest.fixture(scope="module")
 def base(runs, warm_start):
     """2+2, which must learn, carry samples across updates and train tokens two versions old."""
-    got = runs.get("2+2", "cluster.split=[2,2]")
+    got = runs.get("2+2", train_disaggregated, "cluster.split=[2,2]")
     got.assert_learned(warm_start)
     assert len(got.samples) == STEPS * PROMPTS * GROUP
     versions = _versions(got)
@@ -92,13 +76,13 @@ def _assert_same(got, base, what: str) -> None:
 
 @pytest.mark.parametrize("split", [(1, 3), (3, 1)], ids=lambda s: f"{s[0]}+{s[1]}")
 def test_partial_rollouts_are_bitwise_identical_across_splits(ray_session, runs, base, warm_start, split):
-    got = runs.get(f"{split[0]}+{split[1]}", f"cluster.split=[{split[0]},{split[1]}]")
+    got = runs.get(f"{split[0]}+{split[1]}", train_disaggregated, f"cluster.split=[{split[0]},{split[1]}]")
     got.assert_learned(warm_start)
     _assert_same(got, base, f"partial rollouts on {split} vs 2+2")
 
 
 def test_a_live_resize_schedule_changes_nothing(ray_session, runs, base, warm_start):
-    got = runs.get("resized", "cluster.split=[3,1]", SCHEDULE, "resize.staging_mb=0.05")
+    got = runs.get("resized", train_disaggregated, "cluster.split=[3,1]", SCHEDULE, "resize.staging_mb=0.05")
     got.assert_learned(warm_start)
     assert [r["split"] for r in got.rows] == [[3, 1], [1, 3], [1, 3], [2, 2]]
     _assert_same(got, base, "partial rollouts under 3+1 -> 1+3 -> 2+2 vs 2+2")

@@ -12,7 +12,7 @@ from poise.config import load_train_config
 from poise.runtime.driver import train_disaggregated
 from poise.training.colocated import train_colocated
 
-from run_shapes import GROUP, PROMPTS, tiny_job
+from run_shapes import GROUP, PROMPTS, RunMemo, tiny_job
 
 pytestmark = pytest.mark.ray
 
@@ -26,27 +26,12 @@ SCHEDULE = "resize.schedule=[{at_step: 2, split: [1, 3]}, {at_step: 4, split: [3
 EXPECTED_SPLITS = [[2, 2]] * 2 + [[1, 3]] * 2 + [[3, 1]] * 2 + [[2, 2]] * 2
 
 
-class Runs:
-    def __init__(self, root, warm_start, read_run):
-        self.root, self.warm, self.read = root, warm_start, read_run
-        self._done: dict = {}
-
-    def get(self, name: str, train, *extra):
-        if name not in self._done:
-            run_dir = self.root / name
-            try:
-                train(load_train_config(None, [*TINY, f"run.dir={run_dir}", *self.warm.overrides, *extra]))
-                self._done[name] = self.read(run_dir)
-            except Exception as e:  # every test that needs this run reports the same failure
-                self._done[name] = e
-        if isinstance(self._done[name], Exception):
-            raise self._done[name]
-        return self._done[name]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, warm_start, read_run):
-    return Runs(tmp_path_factory.mktemp("resize"), warm_start, read_run)
+    def config(run_dir, *extra):
+        return load_train_config(None, [*TINY, f"run.dir={run_dir}", *warm_start.overrides, *extra])
+
+    return RunMemo(tmp_path_factory.mktemp("resize"), config, read_run)
 
 
 def _resizes(record) -> list[dict]:

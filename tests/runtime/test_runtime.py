@@ -20,7 +20,7 @@ from poise.runtime.driver import train_disaggregated
 from poise.training.colocated import train_colocated
 
 from fault_runs import baseline, crashed
-from run_shapes import GROUP, PROMPTS, tiny_job
+from run_shapes import GROUP, PROMPTS, RunMemo, tiny_job
 
 pytestmark = pytest.mark.ray
 
@@ -44,20 +44,11 @@ class Runs:
 
     def __init__(self, tmp_path_factory, warm_start, read_run):
         self.factory, self.warm, self.read = tmp_path_factory, warm_start, read_run
-        self.root = tmp_path_factory.mktemp("runs")
-        self._done: dict = {}
+        self.memo = RunMemo(tmp_path_factory.mktemp("runs"),
+                            lambda run_dir, *extra: _cfg(run_dir, *warm_start.overrides, *extra), read_run)
 
     def _run(self, key, train, *extra):
-        if key not in self._done:
-            run_dir = self.root / "-".join(map(str, key))
-            try:
-                train(_cfg(run_dir, *self.warm.overrides, *extra))
-                self._done[key] = self.read(run_dir)
-            except Exception as e:  # every test that needs this run reports the same failure
-                self._done[key] = e
-        if isinstance(self._done[key], Exception):
-            raise self._done[key]
-        return self._done[key]
+        return self.memo.get("-".join(map(str, key)), train, *extra)
 
     def colocated(self):
         return self._run(("colocated",), train_colocated, "pipeline.mode=colocated")
