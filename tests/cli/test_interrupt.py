@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -150,15 +151,48 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path):
     assert f"resume with: poise train --resume {run_dir}" in err
 
 
+class _Stderr:
+    """A run's stderr read line by line on a thread (its stdout drained on another), so a test can
+    wait for a line while the run goes on."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._seen = threading.Condition()
+        self._readers = [threading.Thread(target=self._read, args=(proc.stderr, True), daemon=True),
+                         threading.Thread(target=self._read, args=(proc.stdout, False), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, keep: bool) -> None:
+        for line in stream:
+            if keep:
+                with self._seen:
+                    self.lines.append(line)
+                    self._seen.notify_all()
+
+    def wait_for(self, text: str, timeout_s: float) -> bool:
+        with self._seen:
+            return self._seen.wait_for(lambda: any(text in line for line in self.lines), timeout_s)
+
+    def text(self) -> str:
+        for reader in self._readers:
+            reader.join(timeout=60)
+        return "".join(self.lines)
+
+
 def test_second_ctrl_c_stops_at_once(tmp_path):
     run_dir = tmp_path / "run"
     proc = _start(run_dir)
+    stderr = _Stderr(proc)
     _wait_for_rows(proc, run_dir, 2)
     os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(0.05)
+    # the second once the first is seen: two SIGINTs sent before the process runs its handler merge
+    # into one pending signal (the kernel keeps one of each), and a loaded machine makes that likely
+    assert stderr.wait_for("again to stop at once", 60), stderr.lines[-20:]
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    err = stderr.text()
     assert proc.returncode == 130, err[-3000:]
     assert "stopping at once" in err
     assert time.monotonic() - start < 30  # the actors are killed, not waited for
